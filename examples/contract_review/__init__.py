@@ -1,0 +1,1 @@
+"""A contract-review agent with a silent failure, and a demo that records and replays it."""

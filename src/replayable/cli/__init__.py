@@ -1,0 +1,59 @@
+"""The ``replayable`` command line: list, show, replay and verify recorded runs.
+
+Every command takes the store from ``--store URL`` (or ``$REPLAYABLE_STORE``,
+else ``sqlite:///./.replayable/runs.db``) and accepts run-id prefixes. A user
+mistake prints one ``error: …`` line on stderr and exits 2; a replay that
+diverges or a broken hash chain exits 1.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from replayable.cli._context import CliState, ReplayableGroup
+from replayable.cli._inspect import runs, show, verify
+from replayable.cli._replay import demo, replay
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="replayable",
+    cls=ReplayableGroup,
+    help="Record AI agent runs into a tamper-evident log and replay them exactly.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            envvar="REPLAYABLE_STORE",
+            metavar="URL",
+            help="Event store URL: sqlite:///path/to/runs.db or memory://.",
+        ),
+    ] = None,
+) -> None:
+    """Record AI agent runs into a tamper-evident log and replay them exactly."""
+    cli_state = CliState(store)
+    ctx.obj = cli_state
+    ctx.call_on_close(cli_state.close)
+
+
+app.command("demo")(demo)
+app.command("runs")(runs)
+app.command("show")(show)
+app.command("replay")(replay)
+app.command("verify")(verify)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,146 @@
+"""Read-only commands: ``runs``, ``show`` and ``verify``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import orjson
+import typer
+from rich.progress import Progress
+from rich.text import Text
+
+from replayable.cli._context import fail, state, stdout
+from replayable.cli._options import parse_meta, parse_status, parse_when
+from replayable.cli.render import event_to_dict, run_header, run_to_dict, runs_table, timeline
+from replayable.events.model import Run
+from replayable.store import ChainReport, EventStore, RunFilter, verify_run
+
+__all__ = ["runs", "show", "verify"]
+
+
+def _event_count(store: EventStore, run: Run) -> int:
+    # A finished run carries its count; only a run cut short needs its events read.
+    return run.end.event_count if run.end is not None else len(store.events(run.run_id))
+
+
+def _print_json(value: object) -> None:
+    typer.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode())
+
+
+def runs(
+    ctx: typer.Context,
+    workflow: Annotated[str | None, typer.Option(help="Only runs of this workflow.")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="Only runs with this status: completed, failed, incomplete.")
+    ] = None,
+    meta: Annotated[
+        list[str] | None,
+        typer.Option("--meta", help="Only runs whose metadata has key=value (repeatable)."),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Started at or after: ISO date/time, or an age like 2h, 3d.")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Started at or before: ISO date/time, or an age like 2h.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs.")] = 50,
+    roots: Annotated[bool, typer.Option("--roots", help="Leave out child runs.")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Show full run ids.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List runs, newest first."""
+    run_filter = RunFilter(
+        workflow=workflow,
+        status=parse_status(status),
+        metadata=parse_meta(meta or ()),
+        since=parse_when(since, "--since"),
+        until=parse_when(until, "--until"),
+        roots_only=roots,
+        limit=limit,
+    )
+    store = state(ctx).store()
+    found = store.list_runs(run_filter)
+    counts: dict[str, int | None] = {r.run_id: _event_count(store, r) for r in found}
+    if as_json:
+        _print_json([run_to_dict(r, event_count=counts[r.run_id]) for r in found])
+        return
+    console = stdout()
+    if not found:
+        console.print(f"no runs in {store.url} match", style="dim")
+        return
+    console.print(runs_table(found, counts, full=full))
+
+
+def show(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(help="Run id or a unique prefix of one.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run and its events as JSON.")]
+    = False,
+) -> None:
+    """Show a run: its header, then every recorded event in order."""
+    store = state(ctx).store()
+    record = store.run(run)
+    events = store.events(record.run_id)
+    children = store.children(record.run_id)
+    if as_json:
+        _print_json(
+            {
+                "run": run_to_dict(record, event_count=len(events), detail=True,
+                                   children=children),
+                "events": [event_to_dict(e) for e in events],
+            }
+        )
+        return
+    console = stdout()
+    console.print(run_header(record, children))
+    console.print()
+    console.print(timeline(events, title=f"{len(events)} events"))
+
+
+def _report_line(report: ChainReport) -> Text:
+    mark, style = ("✓", "green") if report.ok else ("✗", "red")
+    return Text.assemble((mark, style), " ", (report.message, "" if report.ok else "red"))
+
+
+def verify(
+    ctx: typer.Context,
+    run: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
+    all_runs: Annotated[bool, typer.Option("--all", help="Verify every run in the store.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON results.")] = False,
+) -> None:
+    """Recompute hash chains; exit 1 if any is broken, naming the first bad event."""
+    if run is None and not all_runs:
+        raise fail("name a run to verify, or pass --all")
+    if run is not None and all_runs:
+        raise fail("pass a run or --all, not both")
+    store = state(ctx).store()
+    console = stdout()
+    if run is not None:
+        reports = [verify_run(store, store.resolve(run))]
+    else:
+        run_ids = list(store.iter_run_ids())
+        reports = []
+        with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+            task = bar.add_task("verifying", total=len(run_ids))
+            for run_id in run_ids:
+                reports.append(verify_run(store, run_id))
+                bar.advance(task)
+    broken = [r for r in reports if not r.ok]
+    if as_json:
+        _print_json([
+            {"run_id": r.run_id, "ok": r.ok, "events_checked": r.events_checked,
+             "first_bad_seq": r.first_bad_seq, "reason": r.reason or None}
+            for r in reports
+        ])
+    else:
+        # A long --all listing shows only the broken runs and a total.
+        shown = reports if len(reports) <= 50 else broken
+        for report in shown:
+            console.print(_report_line(report))
+        if all_runs:
+            style = "red" if broken else "green"
+            console.print(
+                f"{len(reports)} runs checked, {len(broken)} broken", style=style
+            )
+    if broken:
+        raise typer.Exit(1)

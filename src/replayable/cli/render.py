@@ -1,0 +1,401 @@
+"""Human and machine views of runs and events: one-line summaries, timelines, JSON.
+
+Everything here reads records and returns Rich renderables or plain dicts;
+nothing prints, so the CLI and the demo compose the same pieces.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import orjson
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from replayable.events.model import Event, Run
+
+__all__ = [
+    "STATUS_STYLES",
+    "event_summary",
+    "event_to_dict",
+    "format_duration",
+    "format_time",
+    "plain",
+    "run_header",
+    "run_to_dict",
+    "runs_table",
+    "short_ids",
+    "short_value",
+    "status_text",
+    "timeline",
+]
+
+STATUS_STYLES: Final = {
+    "completed": "green",
+    "identical": "green",
+    "failed": "red",
+    "diverged": "yellow",
+    "incomplete": "yellow",
+}
+
+_TAG: Final = "$t"
+_SUMMARY_WIDTH: Final = 96
+
+
+# -- values -------------------------------------------------------------------
+
+
+def plain(tree: Any) -> Any:
+    """A stored JSON tree with its type tags removed: what a person wants to read."""
+    if isinstance(tree, list):
+        return [plain(v) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    tag = tree.get(_TAG)
+    if tag is None:
+        return {k: plain(v) for k, v in tree.items()}
+    inner = tree.get("v")
+    if tag == "map":
+        return {str(plain(k)): plain(v) for k, v in inner or []}
+    if tag == "enum":
+        return tree.get("name")
+    if tag == "timedelta" and isinstance(inner, list) and len(inner) == 3:
+        return f"{inner[0]}d {inner[1]}s {inner[2]}us"
+    return plain(inner)
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: max(width - 1, 1)] + "…"
+
+
+def short_value(value: Any, width: int = 40) -> str:
+    """A one-line rendering of a plain value, at most ``width`` characters."""
+    if isinstance(value, str):
+        return repr(_clip(value, max(width - 2, 4)))
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, list) and len(value) > 3:
+        return f"[{len(value)} items]"
+    text = orjson.dumps(value, default=str).decode()
+    return _clip(text, width)
+
+
+def _call_args(request: Any) -> str:
+    if isinstance(request, dict) and set(request) <= {"args", "kwargs"}:
+        args = request.get("args") or []
+        kwargs = request.get("kwargs") or {}
+        parts = [short_value(a, 32) for a in (args if isinstance(args, list) else [args])]
+        if isinstance(kwargs, dict):
+            parts += [f"{k}={short_value(v, 32)}" for k, v in kwargs.items()]
+        return ", ".join(parts)
+    if request in (None, {}, []):
+        return ""
+    if isinstance(request, dict):
+        return ", ".join(f"{k}={short_value(v, 32)}" for k, v in request.items())
+    return short_value(request, 48)
+
+
+def _llm_args(request: Any) -> str | None:
+    kwargs = request.get("kwargs", request) if isinstance(request, dict) else None
+    if not isinstance(kwargs, dict) or not isinstance(kwargs.get("messages"), list):
+        return None
+    messages = kwargs["messages"]
+    last = messages[-1] if messages else {}
+    content = last.get("content") if isinstance(last, dict) else None
+    parts = [f"model={short_value(kwargs.get('model'), 24)}"] if "model" in kwargs else []
+    noun = "message" if len(messages) == 1 else "messages"
+    parts.append(f"{len(messages)} {noun}")
+    if isinstance(content, str):
+        parts.append(short_value(content, 40))
+    return ", ".join(parts)
+
+
+def _completion_text(value: Any) -> str | None:
+    if not isinstance(value, dict) or not isinstance(value.get("choices"), list):
+        return None
+    choices = value["choices"]
+    if not choices or not isinstance(choices[0], dict):
+        return "no choices"
+    message = choices[0].get("message") or {}
+    content = message.get("content") if isinstance(message, dict) else None
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if calls:
+        return f"{len(calls)} tool call{'s' if len(calls) != 1 else ''}"
+    return short_value(content, 48) if content is not None else "empty message"
+
+
+def _result(event: Event) -> tuple[str, bool]:
+    err = event.error_value()
+    if err is not None:
+        return f"raised {err.get('type', '?').rpartition(':')[2]}: {err.get('message', '')}", True
+    if event.response is None:
+        return "(no response)", False
+    value = plain(event.response_tree())
+    text = _completion_text(value)
+    if text is not None:
+        return text, False
+    if isinstance(value, list):
+        n = len(value)
+        return (f"{n} result{'s' if n != 1 else ''}" + (" (empty)" if n == 0 else "")), False
+    return short_value(value, 48), False
+
+
+def event_summary(event: Event, width: int = _SUMMARY_WIDTH) -> tuple[str, bool]:
+    """``name(args) → result`` on one line, and whether the event recorded an error."""
+    request = event.request_value()
+    args = _llm_args(request) if event.kind == "llm" else None
+    if args is None:
+        args = _call_args(request)
+    result, failed = _result(event)
+    return _clip(f"{event.name}({args}) → {result}", width), failed
+
+
+# -- times --------------------------------------------------------------------
+
+
+def format_time(epoch: float | None, *, date: bool = True) -> str:
+    """Local wall-clock time of an epoch, to the second (or millisecond without the date)."""
+    if epoch is None:
+        return "—"
+    moment = dt.datetime.fromtimestamp(epoch)
+    if date:
+        return moment.strftime("%Y-%m-%d %H:%M:%S")
+    return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+
+
+def format_duration(seconds: float | None) -> str:
+    """``850µs``, ``12ms``, ``3.40s``, ``2m05s``; ``—`` when unknown."""
+    if seconds is None or seconds < 0:
+        return "—"
+    if seconds < 0.001:
+        return f"{seconds * 1e6:.0f}µs"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+def _run_duration(run: Run) -> float | None:
+    return None if run.ended_at is None else run.ended_at - run.started_at
+
+
+# -- runs ---------------------------------------------------------------------
+
+
+def status_text(status: str) -> Text:
+    """The status word in its colour."""
+    return Text(status, style=STATUS_STYLES.get(status, ""))
+
+
+def short_ids(run_ids: Sequence[str], minimum: int = 8) -> dict[str, str]:
+    """The shortest prefix length (at least ``minimum``) that tells these ids apart, per id.
+
+    Run ids made in the same second share their leading characters, so a
+    fixed-width prefix would not be unique; like ``git log --abbrev`` the
+    width grows until it is.
+    """
+    width = minimum
+    longest = max((len(r) for r in run_ids), default=minimum)
+    while width < longest and len({r[:width] for r in run_ids}) < len(set(run_ids)):
+        width += 1
+    return {r: r[:width] for r in run_ids}
+
+
+def runs_table(runs: Sequence[Run], counts: Mapping[str, int | None], *, full: bool) -> Table:
+    """The ``runs`` listing: newest first, one row per run."""
+    ids = {r.run_id: r.run_id for r in runs} if full else short_ids([r.run_id for r in runs])
+    parents = short_ids([r.parent_run_id for r in runs if r.parent_run_id])
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    table.add_column("run", no_wrap=True, style="cyan")
+    table.add_column("workflow", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("duration", justify="right", no_wrap=True)
+    table.add_column("events", justify="right", no_wrap=True)
+    table.add_column("parent", no_wrap=True, style="dim")
+    for run in runs:
+        count = counts.get(run.run_id)
+        parent = run.parent_run_id
+        table.add_row(
+            ids[run.run_id],
+            run.workflow,
+            status_text(run.status),
+            format_time(run.started_at),
+            format_duration(_run_duration(run)),
+            "—" if count is None else str(count),
+            f"↳ {parents.get(parent, parent)}" if parent else "",
+        )
+    return table
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else plain(orjson.loads(text))
+
+
+def run_header(run: Run, children: Sequence[Run] = ()) -> Table:
+    """Key facts about a run as a two-column grid."""
+    s = run.start
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    grid.add_row("run", Text(s.run_id, style="cyan"))
+    grid.add_row("workflow", s.workflow)
+    grid.add_row("entrypoint", s.entrypoint)
+    grid.add_row("status", status_text(run.status))
+    grid.add_row("started", format_time(s.started_at))
+    if run.ended_at is not None:
+        grid.add_row("ended", f"{format_time(run.ended_at)}  ({format_duration(_run_duration(run))})")
+    grid.add_row("tenant", s.tenant or "—")
+    grid.add_row("input", _input_text(s.input))
+    if run.end is not None and run.end.output is not None:
+        grid.add_row("output", short_value(_loads(run.end.output), 100))
+    if run.end is not None and run.end.error is not None:
+        err = _loads(run.end.error) or {}
+        grid.add_row("error", Text(f"{err.get('type', '?')}: {err.get('message', '')}", style="red"))
+    grid.add_row("metadata", _pairs(s.metadata))
+    grid.add_row("code", _pairs(s.code))
+    if s.env_hash:
+        grid.add_row("env", s.env_hash[:16])
+    if s.parent_run_id:
+        where = f" at step {s.parent_seq}" if s.parent_seq is not None else ""
+        grid.add_row("parent", f"{s.parent_run_id}{where}")
+    if s.root_run_id and s.root_run_id != s.run_id:
+        grid.add_row("root", s.root_run_id)
+    grid.add_row("lineage", _pairs(s.lineage))
+    if children:
+        grid.add_row("children", "\n".join(f"{c.run_id}  {c.workflow}  {c.status}" for c in children))
+    return grid
+
+
+def _input_text(encoded: str) -> str:
+    tree = _loads(encoded)
+    if isinstance(tree, dict) and set(tree) <= {"args", "kwargs"}:
+        return f"({_call_args(tree)})"
+    return short_value(tree, 100)
+
+
+def _pairs(mapping: Mapping[str, Any]) -> str:
+    if not mapping:
+        return "—"
+    return "  ".join(f"{k}={short_value(plain(v), 48)}" for k, v in mapping.items())
+
+
+# -- timeline -----------------------------------------------------------------
+
+
+def _depths(events: Sequence[Event]) -> dict[int, int]:
+    depth: dict[int, int] = {}
+    for e in events:
+        depth[e.seq] = depth.get(e.parent, -1) + 1 if e.parent is not None else 0
+    return depth
+
+
+def timeline(events: Sequence[Event], *, title: str | None = None) -> RenderableType:
+    """The run's events in seq order with summaries, timings and the gap to the next event."""
+    table = Table(title=title, show_edge=False, pad_edge=False, header_style="bold")
+    table.add_column("seq", justify="right", no_wrap=True)
+    table.add_column("kind", no_wrap=True, style="blue")
+    table.add_column("name", no_wrap=True)
+    table.add_column("summary", no_wrap=True, overflow="ellipsis", ratio=1)
+    table.add_column("started", no_wrap=True, style="dim")
+    table.add_column("took", justify="right", no_wrap=True)
+    table.add_column("→ next", justify="right", no_wrap=True, style="dim")
+    depth = _depths(events)
+    side_effects = False
+    for i, event in enumerate(events):
+        summary, failed = event_summary(event)
+        name = Text("  " * depth.get(event.seq, 0) + event.name)
+        if event.side_effect:
+            name.append(" *", style="bold magenta")
+            side_effects = True
+        gap = None
+        if i + 1 < len(events):
+            gap = events[i + 1].started_at - (event.started_at + event.duration_ns / 1e9)
+        table.add_row(
+            str(event.seq),
+            event.kind,
+            name,
+            Text(summary, style="red" if failed else ""),
+            format_time(event.started_at, date=False),
+            format_duration(event.duration_ns / 1e9),
+            format_duration(gap) if gap is not None and gap >= 0 else "",
+            style="red" if failed else None,
+        )
+    if not events:
+        return Text("(no events recorded)", style="dim")
+    if side_effects:
+        note = Text("* side-effect tool: faked from the tape on replay", style="dim magenta")
+        return Group(table, note)
+    return table
+
+
+# -- JSON ---------------------------------------------------------------------
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat()
+
+
+def run_to_dict(run: Run, *, event_count: int | None = None, detail: bool = False,
+                children: Iterable[Run] = ()) -> dict[str, Any]:
+    """A run as plain JSON with stable keys; ``detail`` adds input, output, code and lineage."""
+    s = run.start
+    out: dict[str, Any] = {
+        "run_id": s.run_id,
+        "workflow": s.workflow,
+        "entrypoint": s.entrypoint,
+        "status": run.status,
+        "started_at": _iso(s.started_at),
+        "ended_at": _iso(run.ended_at),
+        "duration_s": _run_duration(run),
+        "event_count": event_count,
+        "parent_run_id": s.parent_run_id,
+        "tenant": s.tenant,
+        "metadata": s.metadata,
+    }
+    if detail:
+        out.update(
+            parent_seq=s.parent_seq,
+            root_run_id=s.root_run_id,
+            input=_loads(s.input),
+            output=_loads(run.end.output) if run.end else None,
+            error=_loads(run.end.error) if run.end else None,
+            code=s.code,
+            env_hash=s.env_hash,
+            lineage=s.lineage,
+            last_hash=run.end.last_hash if run.end else None,
+            children=[c.run_id for c in children],
+        )
+    return out
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """An event as plain JSON; payloads are parsed, type tags kept as stored."""
+    return {
+        "seq": event.seq,
+        "kind": event.kind,
+        "name": event.name,
+        "key": event.key,
+        "parent": event.parent,
+        "call_site": event.call_site,
+        "side_effect": event.side_effect,
+        "started_at": _iso(event.started_at),
+        "duration_ns": event.duration_ns,
+        "request": event.request_value(),
+        "response": event.response_tree(),
+        "encoding": event.encoding,
+        "error": event.error_value(),
+        "fingerprint": event.fingerprint,
+        "metadata": event.metadata,
+        "chain_index": event.chain_index,
+        "prev_hash": event.prev_hash,
+        "hash": event.hash,
+    }

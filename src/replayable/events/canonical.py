@@ -1,0 +1,187 @@
+"""Canonical JSON, redaction, fingerprints and the hash chain.
+
+Canonical JSON is orjson with sorted keys: UTF-8, no insignificant
+whitespace, one spelling per number. Everything that is hashed goes through
+here, so the bytes that are fingerprinted are exactly the bytes that are
+stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+if TYPE_CHECKING:
+    from replayable.events.model import Event
+
+__all__ = [
+    "REDACTED",
+    "Redactor",
+    "canonical",
+    "chain_hash",
+    "event_hash",
+    "fingerprint",
+    "genesis_hash",
+]
+
+REDACTED: Final = "[REDACTED]"
+_SORT: Final = orjson.OPT_SORT_KEYS
+
+
+def canonical(value: Any) -> bytes:
+    """Canonical JSON bytes of a plain JSON value (sorted keys)."""
+    return orjson.dumps(value, option=_SORT)
+
+
+_DEFAULT_SECRET_KEYS: Final = (
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "api_key",
+    "apikey",
+    "x-goog-api-key",
+    "password",
+    "passwd",
+    "secret",
+    "client_secret",
+    "secret_key",
+    "access_token",
+    "refresh_token",
+    "id_token",
+    "auth_token",
+    "session_token",
+    "private_key",
+    "cookie",
+    "set-cookie",
+)
+
+_DEFAULT_VALUE_PATTERNS: Final = (
+    r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}",  # OpenAI / Anthropic keys
+    r"\b(?:ghp|gho|ghs|github_pat)_[A-Za-z0-9_]{20,}",  # GitHub tokens
+    r"\bxox[abpr]-[A-Za-z0-9\-]{10,}",  # Slack tokens
+    r"\bAKIA[0-9A-Z]{16}\b",  # AWS access key ids
+    r"\bBearer\s+[A-Za-z0-9._~+/=\-]{8,}",
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+)
+
+
+class Redactor:
+    """Replaces secrets in a JSON payload before it is fingerprinted or stored.
+
+    A value is redacted when its key is a secret-looking name (``authorization``,
+    ``api_key`` …, matched case-insensitively) or when a string matches a
+    secret pattern (``sk-…``, ``Bearer …``). The check runs first over the
+    serialized bytes, so payloads without secrets cost one regex scan.
+    """
+
+    def __init__(
+        self,
+        keys: Iterable[str] = _DEFAULT_SECRET_KEYS,
+        value_patterns: Iterable[str] = _DEFAULT_VALUE_PATTERNS,
+        *,
+        extra_keys: Iterable[str] = (),
+        extra_patterns: Iterable[str] = (),
+    ) -> None:
+        self.keys = frozenset(k.lower() for k in (*keys, *extra_keys))
+        patterns = [*value_patterns, *extra_patterns]
+        self._value_re = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+        key_alt = "|".join(re.escape(k) for k in sorted(self.keys, key=len, reverse=True))
+        scan = [rf'"(?i:{key_alt})"\s*:'] if self.keys else []
+        scan.extend(patterns)
+        self._scan = re.compile("|".join(f"(?:{p})" for p in scan).encode()) if scan else None
+
+    def needs_redaction(self, payload: bytes) -> bool:
+        """Whether serialized ``payload`` may hold a secret (a cheap, conservative scan)."""
+        return self._scan is not None and self._scan.search(payload) is not None
+
+    def __call__(self, tree: Any) -> Any:
+        """A copy of the JSON ``tree`` with secrets replaced by ``[REDACTED]``."""
+        return self._walk(tree)
+
+    def _walk(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                if isinstance(k, str) and k.lower() in self.keys and v is not None:
+                    out[k] = REDACTED
+                else:
+                    out[k] = self._walk(v)
+            return out
+        if isinstance(value, list):
+            return [self._walk(v) for v in value]
+        if isinstance(value, str) and self._value_re is not None:
+            return self._value_re.sub(REDACTED, value)
+        return value
+
+    def redact_bytes(self, payload: bytes) -> bytes:
+        """Canonical ``payload`` with secrets redacted; the input itself when it has none."""
+        if not self.needs_redaction(payload):
+            return payload
+        return canonical(self(orjson.loads(payload)))
+
+    def redact_mapping(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Environment-style names and values: secret-looking names or values are redacted."""
+        out: dict[str, str] = {}
+        for name, value in env.items():
+            lowered = name.lower()
+            if any(part in lowered for part in ("key", "token", "secret", "password", "auth")):
+                out[name] = REDACTED
+            elif self._value_re is not None:
+                out[name] = self._value_re.sub(REDACTED, value)
+            else:
+                out[name] = value
+        return out
+
+
+def fingerprint(kind: str, name: str, request: bytes) -> str:
+    """What replay compares: a hash of the boundary and its canonical, redacted request."""
+    h = hashlib.sha256(kind.encode())
+    h.update(b"\x00")
+    h.update(name.encode())
+    h.update(b"\x00")
+    h.update(request)
+    return h.hexdigest()
+
+
+def genesis_hash(run_id: str) -> str:
+    """The ``prev_hash`` of a run's first event."""
+    return hashlib.sha256(b"replayable-chain:" + run_id.encode()).hexdigest()
+
+
+def event_hash(event: Event) -> str:
+    """The hash an event must carry, given the ``prev_hash`` it carries."""
+    return chain_hash(
+        event.prev_hash,
+        (
+            event.run_id,
+            event.seq,
+            event.chain_index,
+            event.kind,
+            event.name,
+            event.key,
+            event.parent,
+            event.call_site,
+            event.request,
+            event.fingerprint,
+            event.response,
+            event.encoding,
+            event.error,
+            event.side_effect,
+            event.started_at,
+            event.duration_ns,
+            event.metadata,
+            event.schema_version,
+        ),
+    )
+
+
+def chain_hash(prev_hash: str, fields: tuple[Any, ...]) -> str:
+    """sha256 of the previous hash and the canonical JSON of an event's fields."""
+    h = hashlib.sha256(prev_hash.encode())
+    h.update(orjson.dumps(fields, option=_SORT))
+    return h.hexdigest()

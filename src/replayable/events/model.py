@@ -1,0 +1,157 @@
+"""Plain, frozen records: what the log holds.
+
+An :class:`Event` is one crossing of a non-deterministic boundary. A run is
+written as two immutable records: :class:`RunStart` when it begins and
+:class:`RunEnd` when it finishes; a run with no end record is ``incomplete``.
+Payloads are kept as canonical JSON text so that hashing, storing and diffing
+never re-encode them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+import orjson
+
+__all__ = [
+    "BOUNDARY_KINDS",
+    "SCHEMA_VERSION",
+    "Event",
+    "Run",
+    "RunEnd",
+    "RunStart",
+    "RunStatus",
+]
+
+#: Version of the event and run record layout. Bump it with an upcaster.
+SCHEMA_VERSION: Final = 1
+
+#: The places where the outside world enters an agent.
+BOUNDARY_KINDS: Final = (
+    "llm",
+    "tool",
+    "http",
+    "clock",
+    "random",
+    "uuid",
+    "sleep",
+    "retrieval",
+    "state_read",
+    "state_write",
+    "subrun",
+    "span",
+)
+
+RunStatus = Literal["completed", "failed", "incomplete"]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """One boundary crossing: what went in and what came back.
+
+    ``request``, ``response`` and ``error`` are canonical JSON text;
+    ``encoding`` says how ``response`` is encoded (``json`` for plain JSON,
+    ``tagged`` when it carries type tags). ``key`` is the causal position
+    (task lineage and ordinal) that replay matches on; ``parent`` is the seq
+    of the enclosing span or ``None``.
+    """
+
+    run_id: str
+    seq: int
+    kind: str
+    name: str
+    key: str | None
+    parent: int | None
+    call_site: str | None
+    request: str
+    fingerprint: str
+    response: str | None
+    encoding: str
+    error: str | None
+    side_effect: bool
+    started_at: float
+    duration_ns: int
+    metadata: dict[str, Any]
+    chain_index: int
+    prev_hash: str
+    hash: str
+    schema_version: int = SCHEMA_VERSION
+
+    def request_value(self) -> Any:
+        """The request as a JSON tree (redacted, as stored)."""
+        return orjson.loads(self.request)
+
+    def response_tree(self) -> Any:
+        """The response as stored: a JSON tree, with type tags if ``encoding`` is tagged."""
+        return None if self.response is None else orjson.loads(self.response)
+
+    def error_value(self) -> dict[str, Any] | None:
+        """The recorded error record (type, message, args) or ``None``."""
+        return None if self.error is None else orjson.loads(self.error)
+
+
+class RunStart(msgspec.Struct, frozen=True, kw_only=True):
+    """Written when a run begins. ``input`` is tagged JSON of ``{"args", "kwargs"}``."""
+
+    run_id: str
+    workflow: str
+    entrypoint: str
+    parent_run_id: str | None
+    parent_seq: int | None
+    root_run_id: str
+    tenant: str | None
+    input: str
+    metadata: dict[str, Any]
+    code: dict[str, Any]
+    env_hash: str | None
+    lineage: dict[str, Any]
+    started_at: float
+    schema_version: int = SCHEMA_VERSION
+
+
+class RunEnd(msgspec.Struct, frozen=True, kw_only=True):
+    """Written when a run finishes: its outcome and the head of its hash chain."""
+
+    run_id: str
+    status: Literal["completed", "failed"]
+    output: str | None
+    error: str | None
+    ended_at: float
+    event_count: int
+    last_hash: str
+    schema_version: int = SCHEMA_VERSION
+
+
+class Run(msgspec.Struct, frozen=True, kw_only=True):
+    """A run as read back: its start record and, once finished, its end record."""
+
+    start: RunStart
+    end: RunEnd | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.start.run_id
+
+    @property
+    def workflow(self) -> str:
+        return self.start.workflow
+
+    @property
+    def status(self) -> RunStatus:
+        return "incomplete" if self.end is None else self.end.status
+
+    @property
+    def started_at(self) -> float:
+        return self.start.started_at
+
+    @property
+    def ended_at(self) -> float | None:
+        return None if self.end is None else self.end.ended_at
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.start.metadata
+
+    @property
+    def parent_run_id(self) -> str | None:
+        return self.start.parent_run_id

@@ -1,0 +1,148 @@
+"""Divergence: where a replay parted from its tape, as data and as a readable message."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+import orjson
+
+from replayable.events.model import Event
+
+__all__ = ["ActualCall", "Divergence", "FieldDiff", "DivergenceReason", "field_diff"]
+
+DivergenceReason = Literal[
+    "unexpected_call",
+    "request_changed",
+    "tape_exhausted",
+    "calls_not_asked",
+    "output_changed",
+]
+
+_MISSING = "<missing>"
+
+
+class FieldDiff(msgspec.Struct, frozen=True):
+    """One field that differs: its path, the recorded value and the new one."""
+
+    path: str
+    expected: Any
+    actual: Any
+
+
+class ActualCall(msgspec.Struct, frozen=True, kw_only=True):
+    """The call the replayed code made."""
+
+    kind: str
+    name: str
+    key: str | None
+    request: Any
+    fingerprint: str
+    call_site: str | None
+
+
+class Divergence(msgspec.Struct, frozen=True, kw_only=True):
+    """A structured replay failure: what was asked, what the tape held, which fields differ."""
+
+    reason: DivergenceReason
+    run_id: str
+    step: int | None
+    expected: Event | None = None
+    actual: ActualCall | None = None
+    diff: list[FieldDiff] = []
+    nearest: Event | None = None
+    unasked: list[int] = []
+    call_site: str | None = None
+
+    @property
+    def message(self) -> str:
+        """A vcrpy-style explanation, several lines long."""
+        lines = [self._headline()]
+        if self.actual is not None:
+            lines.append(f"  asked:    {self.actual.kind} {self.actual.name}"
+                         f"({_short(self.actual.request)})")
+            if self.actual.call_site:
+                lines.append(f"  at:       {self.actual.call_site}")
+        shown = self.expected or self.nearest
+        if shown is not None:
+            label = "recorded" if self.expected is not None else "nearest"
+            lines.append(f"  {label}: step {shown.seq}: {shown.kind} {shown.name}"
+                         f"({_short(shown.request_value())})")
+            if shown.call_site and self.actual is None:
+                lines.append(f"  at:       {shown.call_site}")
+        if self.diff:
+            lines.append("  fields that differ:")
+            for d in self.diff[:10]:
+                lines.append(f"    {d.path or '(value)'}: recorded {_short(d.expected)}, "
+                             f"now {_short(d.actual)}")
+            if len(self.diff) > 10:
+                lines.append(f"    … and {len(self.diff) - 10} more")
+        if self.unasked:
+            seqs = ", ".join(str(s) for s in self.unasked[:10])
+            lines.append(f"  recorded steps never asked: {seqs}"
+                         + (" …" if len(self.unasked) > 10 else ""))
+        return "\n".join(lines)
+
+    def _headline(self) -> str:
+        at = f"step {self.step}" if self.step is not None else "the end of the run"
+        if self.reason == "request_changed":
+            return f"replay diverged at {at}: the request changed"
+        if self.reason == "unexpected_call":
+            if self.expected is not None:
+                return (f"replay diverged at {at}: the code called "
+                        f"{self.actual.kind + ' ' + self.actual.name if self.actual else '?'} "
+                        f"where the recording has {self.expected.kind} {self.expected.name}")
+            return f"replay diverged at {at}: a call the recording does not hold"
+        if self.reason == "tape_exhausted":
+            return f"replay diverged at {at}: the recording has no more events"
+        if self.reason == "calls_not_asked":
+            return f"replay diverged at {at}: recorded calls were never asked for"
+        return "replay diverged: the run's output differs from the recorded output"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the divergence."""
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    if isinstance(value, dict) and set(value) <= {"args", "kwargs"} and not value.get("args"):
+        value = value.get("kwargs", {})
+    if isinstance(value, dict):
+        text = ", ".join(f"{k}={_short(v, 30)}" for k, v in value.items())
+    elif isinstance(value, str):
+        text = repr(value)
+    else:
+        text = orjson.dumps(value, default=repr).decode()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def field_diff(expected: Any, actual: Any, path: str = "") -> list[FieldDiff]:
+    """Leaf-level differences between two JSON trees, with dotted paths."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        out: list[FieldDiff] = []
+        for k in sorted(set(expected) | set(actual), key=str):
+            sub = f"{path}.{k}" if path else str(k)
+            if k not in actual:
+                out.append(FieldDiff(sub, expected[k], _MISSING))
+            elif k not in expected:
+                out.append(FieldDiff(sub, _MISSING, actual[k]))
+            else:
+                out.extend(field_diff(expected[k], actual[k], sub))
+        return out
+    if isinstance(expected, list) and isinstance(actual, list):
+        out = []
+        for i in range(max(len(expected), len(actual))):
+            sub = f"{path}[{i}]"
+            if i >= len(actual):
+                out.append(FieldDiff(sub, expected[i], _MISSING))
+            elif i >= len(expected):
+                out.append(FieldDiff(sub, _MISSING, actual[i]))
+            else:
+                out.extend(field_diff(expected[i], actual[i], sub))
+        return out
+    if type(expected) is not type(actual) or expected != actual:
+        return [FieldDiff(path, expected, actual)]
+    return []

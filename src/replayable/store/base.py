@@ -1,0 +1,161 @@
+"""The event store contract every backend implements.
+
+A store holds three append-only record kinds (run starts, events, run ends)
+and a content-addressed blob table. ``append`` writes one batch in one
+transaction; everything else reads. There is no update and no delete.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from replayable.errors import AmbiguousRunIdError, RunNotFoundError
+from replayable.events.model import Event, Run, RunEnd, RunStart, RunStatus
+
+__all__ = ["EventStore", "RunFilter"]
+
+
+class RunFilter:
+    """Which runs ``list_runs`` returns; every given condition must hold."""
+
+    __slots__ = ("limit", "metadata", "parent_run_id", "roots_only", "since", "status", "until",
+                 "workflow")
+
+    def __init__(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        parent_run_id: str | None = None,
+        roots_only: bool = False,
+        limit: int | None = 100,
+    ) -> None:
+        self.workflow = workflow
+        self.status = status
+        self.metadata = dict(metadata or {})
+        self.since = since
+        self.until = until
+        self.parent_run_id = parent_run_id
+        self.roots_only = roots_only
+        self.limit = limit
+
+    def matches(self, run: Run) -> bool:
+        """Whether ``run`` passes this filter (used by backends that filter in Python)."""
+        s = run.start
+        if self.workflow is not None and s.workflow != self.workflow:
+            return False
+        if self.status is not None and run.status != self.status:
+            return False
+        if self.since is not None and s.started_at < self.since:
+            return False
+        if self.until is not None and s.started_at > self.until:
+            return False
+        if self.parent_run_id is not None and s.parent_run_id != self.parent_run_id:
+            return False
+        if self.roots_only and s.parent_run_id is not None:
+            return False
+        return all(tag_value(s.metadata.get(k)) == tag_value(v) for k, v in self.metadata.items())
+
+
+def tag_value(value: Any) -> str | None:
+    """How a metadata value is indexed and compared: its text (``true``, ``42``, ``GB``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+class EventStore(ABC):
+    """Append-only storage for runs, events and blobs."""
+
+    url: str
+
+    @abstractmethod
+    def append(
+        self,
+        starts: Sequence[RunStart] = (),
+        events: Sequence[Event] = (),
+        ends: Sequence[RunEnd] = (),
+        *,
+        durable: bool = False,
+    ) -> None:
+        """Write one batch atomically. ``durable`` asks for it to reach stable storage."""
+
+    @abstractmethod
+    def put_blob(self, digest: str, data: bytes) -> None:
+        """Store ``data`` under its sha256 ``digest``; storing it twice is a no-op."""
+
+    @abstractmethod
+    def get_blob(self, digest: str) -> bytes | None:
+        """The blob stored under ``digest``, or ``None``."""
+
+    @abstractmethod
+    def get_run(self, run_id: str) -> Run:
+        """The run with exactly this id; raises :class:`RunNotFoundError`."""
+
+    @abstractmethod
+    def find_run_ids(self, prefix: str, limit: int = 6) -> list[str]:
+        """Up to ``limit`` run ids starting with ``prefix``."""
+
+    @abstractmethod
+    def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
+        """Runs passing ``filter``, newest first."""
+
+    @abstractmethod
+    def events(self, run_id: str) -> list[Event]:
+        """The run's events ordered by seq (empty for an unknown run)."""
+
+    @abstractmethod
+    def iter_run_ids(self) -> Iterator[str]:
+        """Every run id, oldest first."""
+
+    def close(self) -> None:
+        """Flush pending writes and release connections; the store is unusable afterwards."""
+        self.run_close_hooks()
+
+    def add_close_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` first thing when the store closes (the writer flushes here)."""
+        self.__dict__.setdefault("_close_hooks", []).append(hook)
+
+    def run_close_hooks(self) -> None:
+        hooks = self.__dict__.pop("_close_hooks", [])
+        for hook in hooks:
+            hook()
+
+    # -- shared helpers ---------------------------------------------------------
+
+    def resolve(self, run_id_or_prefix: str) -> str:
+        """The full run id for an id or a unique prefix of one."""
+        prefix = run_id_or_prefix.strip().lower()
+        if not prefix:
+            raise RunNotFoundError("empty run id")
+        found = self.find_run_ids(prefix)
+        if not found:
+            raise RunNotFoundError(f"no run matches {run_id_or_prefix!r} in {self.url}")
+        if len(found) > 1 and prefix not in found:
+            raise AmbiguousRunIdError(run_id_or_prefix, found)
+        return prefix if prefix in found else found[0]
+
+    def run(self, run_id_or_prefix: str) -> Run:
+        """The run named by an id or unique prefix."""
+        return self.get_run(self.resolve(run_id_or_prefix))
+
+    def children(self, run_id: str) -> list[Run]:
+        """Child runs started from inside ``run_id``, oldest first."""
+        kids = self.list_runs(RunFilter(parent_run_id=run_id, limit=None))
+        return sorted(kids, key=lambda r: (r.start.parent_seq or 0, r.started_at))
+
+    def __enter__(self) -> EventStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,308 @@
+"""The embedded default store: SQLite in WAL mode, append-only by trigger."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from replayable.errors import AppendOnlyError, RunNotFoundError, SchemaVersionError, StoreError
+from replayable.events.model import Event, Run, RunEnd, RunStart
+from replayable.store.base import EventStore, RunFilter, tag_value
+
+__all__ = ["SQLiteStore"]
+
+_DB_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, workflow TEXT NOT NULL, entrypoint TEXT NOT NULL,
+    parent_run_id TEXT, parent_seq INTEGER, root_run_id TEXT NOT NULL, tenant TEXT,
+    input TEXT NOT NULL, metadata TEXT NOT NULL, code TEXT NOT NULL, env_hash TEXT,
+    lineage TEXT NOT NULL, started_at REAL NOT NULL, schema_version INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_workflow ON runs (workflow, started_at);
+CREATE INDEX IF NOT EXISTS runs_started ON runs (started_at);
+CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_run_id);
+CREATE TABLE IF NOT EXISTS run_ends (
+    run_id TEXT PRIMARY KEY, status TEXT NOT NULL, output TEXT, error TEXT,
+    ended_at REAL NOT NULL, event_count INTEGER NOT NULL, last_hash TEXT NOT NULL,
+    schema_version INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS run_tags (
+    key TEXT NOT NULL, value TEXT, run_id TEXT NOT NULL, PRIMARY KEY (key, value, run_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
+    key TEXT, parent INTEGER, call_site TEXT, request TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    response TEXT, encoding TEXT NOT NULL, error TEXT, side_effect INTEGER NOT NULL,
+    started_at REAL NOT NULL, duration_ns INTEGER NOT NULL, metadata TEXT NOT NULL,
+    chain_index INTEGER NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
+    schema_version INTEGER NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS events_kind_name ON events (kind, name);
+CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
+"""
+
+_APPEND_ONLY = ("runs", "run_ends", "run_tags", "events", "blobs")
+
+
+def _triggers() -> str:
+    parts = []
+    for table in _APPEND_ONLY:
+        for op in ("UPDATE", "DELETE"):
+            parts.append(
+                f"CREATE TRIGGER IF NOT EXISTS {table}_no_{op.lower()} BEFORE {op} ON {table} "
+                f"BEGIN SELECT RAISE(ABORT, 'replayable: {table} is append-only'); END;"
+            )
+    return "\n".join(parts)
+
+
+_EVENT_COLS = ("run_id, seq, kind, name, key, parent, call_site, request, fingerprint, response, "
+               "encoding, error, side_effect, started_at, duration_ns, metadata, chain_index, "
+               "prev_hash, hash, schema_version")
+_RUN_COLS = ("run_id, workflow, entrypoint, parent_run_id, parent_seq, root_run_id, tenant, "
+             "input, metadata, code, env_hash, lineage, started_at, schema_version")
+_END_COLS = "run_id, status, output, error, ended_at, event_count, last_hash, schema_version"
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+class SQLiteStore(EventStore):
+    """Runs in one SQLite file. Writes go through one connection; reads use one per thread."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.url = f"sqlite:///{self.path}"
+        self._memory = str(path) == ":memory:"
+        if not self._memory:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the directory for {self.url}: {exc}") from exc
+        self._write_lock = threading.Lock()
+        self._local = threading.local()
+        self._conn = self._connect()
+        self._init_schema()
+
+    # -- connections -----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                str(self.path), check_same_thread=False, isolation_level=None, timeout=30.0
+            )
+            if not self._memory:
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=OFF")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.url} is not a usable replayable database: {exc}") from exc
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        if self._memory:
+            return self._conn
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+        return conn
+
+    def _init_schema(self) -> None:
+        try:
+            with self._write_lock:
+                c = self._conn
+                c.execute("BEGIN IMMEDIATE")
+                for stmt in (_SCHEMA + _triggers()).split(";\n"):
+                    if stmt.strip():
+                        c.execute(stmt)
+                row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                if row is None:
+                    c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(_DB_VERSION),))
+                elif int(row[0]) > _DB_VERSION:
+                    c.execute("ROLLBACK")
+                    raise SchemaVersionError(
+                        f"{self.url} has schema version {row[0]}; this replayable reads up to "
+                        f"{_DB_VERSION}. Upgrade replayable."
+                    )
+                c.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.url} is not a usable replayable database: {exc}") from exc
+
+    # -- writing ----------------------------------------------------------------
+
+    def append(
+        self,
+        starts: Sequence[RunStart] = (),
+        events: Sequence[Event] = (),
+        ends: Sequence[RunEnd] = (),
+        *,
+        durable: bool = False,
+    ) -> None:
+        run_rows = [
+            (s.run_id, s.workflow, s.entrypoint, s.parent_run_id, s.parent_seq, s.root_run_id,
+             s.tenant, s.input, _dumps(s.metadata), _dumps(s.code), s.env_hash, _dumps(s.lineage),
+             s.started_at, s.schema_version)
+            for s in starts
+        ]
+        tag_rows = [
+            (k, tag_value(v), s.run_id)
+            for s in starts
+            for k, v in s.metadata.items()
+            if not isinstance(v, (dict, list))
+        ]
+        event_rows = [
+            (e.run_id, e.seq, e.kind, e.name, e.key, e.parent, e.call_site, e.request,
+             e.fingerprint, e.response, e.encoding, e.error, int(e.side_effect), e.started_at,
+             e.duration_ns, _dumps(e.metadata), e.chain_index, e.prev_hash, e.hash,
+             e.schema_version)
+            for e in events
+        ]
+        end_rows = [
+            (r.run_id, r.status, r.output, r.error, r.ended_at, r.event_count, r.last_hash,
+             r.schema_version)
+            for r in ends
+        ]
+        with self._write_lock:
+            c = self._conn
+            try:
+                c.execute("PRAGMA synchronous=FULL" if durable else "PRAGMA synchronous=NORMAL")
+                c.execute("BEGIN IMMEDIATE")
+                if run_rows:
+                    c.executemany(f"INSERT INTO runs ({_RUN_COLS}) VALUES "
+                                  f"({','.join('?' * 14)})", run_rows)
+                    c.executemany("INSERT OR IGNORE INTO run_tags VALUES (?, ?, ?)", tag_rows)
+                if event_rows:
+                    c.executemany(f"INSERT INTO events ({_EVENT_COLS}) VALUES "
+                                  f"({','.join('?' * 20)})", event_rows)
+                if end_rows:
+                    c.executemany(f"INSERT INTO run_ends ({_END_COLS}) VALUES "
+                                  f"({','.join('?' * 8)})", end_rows)
+                c.execute("COMMIT")
+            except sqlite3.IntegrityError as exc:
+                c.execute("ROLLBACK")
+                raise AppendOnlyError(f"{self.url} refused the batch: {exc}") from exc
+            except sqlite3.Error as exc:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise StoreError(f"writing to {self.url} failed: {exc}") from exc
+
+    def put_blob(self, digest: str, data: bytes) -> None:
+        with self._write_lock:
+            try:
+                self._conn.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?)", (digest, data))
+            except sqlite3.Error as exc:
+                raise StoreError(f"writing a blob to {self.url} failed: {exc}") from exc
+
+    # -- reading ----------------------------------------------------------------
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self._reader().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"reading {self.url} failed: {exc}") from exc
+
+    def get_blob(self, digest: str) -> bytes | None:
+        rows = self._query("SELECT data FROM blobs WHERE digest = ?", (digest,))
+        return bytes(rows[0][0]) if rows else None
+
+    def get_run(self, run_id: str) -> Run:
+        rows = self._query(self._select_runs() + " WHERE r.run_id = ?", (run_id,))
+        if not rows:
+            raise RunNotFoundError(f"no run {run_id!r} in {self.url}")
+        return self._run_from(rows[0])
+
+    def _select_runs(self) -> str:
+        return (f"SELECT r.{_RUN_COLS.replace(', ', ', r.')}, e.{_END_COLS.replace(', ', ', e.')} "
+                "FROM runs r LEFT JOIN run_ends e ON e.run_id = r.run_id")
+
+    @staticmethod
+    def _run_from(row: Sequence[Any]) -> Run:
+        start = RunStart(
+            run_id=row[0], workflow=row[1], entrypoint=row[2], parent_run_id=row[3],
+            parent_seq=row[4], root_run_id=row[5], tenant=row[6], input=row[7],
+            metadata=orjson.loads(row[8]), code=orjson.loads(row[9]), env_hash=row[10],
+            lineage=orjson.loads(row[11]), started_at=row[12], schema_version=row[13],
+        )
+        end = None
+        if len(row) > 14 and row[14] is not None:
+            end = RunEnd(run_id=row[14], status=row[15], output=row[16], error=row[17],
+                         ended_at=row[18], event_count=row[19], last_hash=row[20],
+                         schema_version=row[21])
+        return Run(start=start, end=end)
+
+    def find_run_ids(self, prefix: str, limit: int = 6) -> list[str]:
+        upper = prefix + "\uffff"
+        rows = self._query(
+            "SELECT run_id FROM runs WHERE run_id >= ? AND run_id < ? ORDER BY run_id LIMIT ?",
+            (prefix, upper, limit),
+        )
+        return [r[0] for r in rows]
+
+    def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
+        f = filter or RunFilter()
+        where: list[str] = []
+        params: list[Any] = []
+        if f.workflow is not None:
+            where.append("r.workflow = ?")
+            params.append(f.workflow)
+        if f.status is not None:
+            if f.status == "incomplete":
+                where.append("e.run_id IS NULL")
+            else:
+                where.append("e.status = ?")
+                params.append(f.status)
+        if f.since is not None:
+            where.append("r.started_at >= ?")
+            params.append(f.since)
+        if f.until is not None:
+            where.append("r.started_at <= ?")
+            params.append(f.until)
+        if f.parent_run_id is not None:
+            where.append("r.parent_run_id = ?")
+            params.append(f.parent_run_id)
+        if f.roots_only:
+            where.append("r.parent_run_id IS NULL")
+        for k, v in f.metadata.items():
+            where.append("r.run_id IN (SELECT run_id FROM run_tags WHERE key = ? AND value IS ?)")
+            params.extend((k, tag_value(v)))
+        sql = self._select_runs()
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY r.started_at DESC, r.run_id DESC"
+        if f.limit is not None:
+            sql += " LIMIT ?"
+            params.append(f.limit)
+        return [self._run_from(row) for row in self._query(sql, params)]
+
+    def events(self, run_id: str) -> list[Event]:
+        rows = self._query(f"SELECT {_EVENT_COLS} FROM events WHERE run_id = ? ORDER BY seq",
+                           (run_id,))
+        return [
+            Event(run_id=r[0], seq=r[1], kind=r[2], name=r[3], key=r[4], parent=r[5],
+                  call_site=r[6], request=r[7], fingerprint=r[8], response=r[9], encoding=r[10],
+                  error=r[11], side_effect=bool(r[12]), started_at=r[13], duration_ns=r[14],
+                  metadata=orjson.loads(r[15]), chain_index=r[16], prev_hash=r[17], hash=r[18],
+                  schema_version=r[19])
+            for r in rows
+        ]
+
+    def iter_run_ids(self) -> Iterator[str]:
+        return iter([r[0] for r in self._query("SELECT run_id FROM runs ORDER BY started_at, run_id")])
+
+    def close(self) -> None:
+        self.run_close_hooks()
+        with self._write_lock:
+            self._conn.close()
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+
