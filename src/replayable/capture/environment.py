@@ -75,7 +75,7 @@ def git_commit(directory: Path) -> str | None:
 def _packages() -> tuple[tuple[str, str], ...]:
     seen: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name")
+        name = dist.metadata["Name"] if "Name" in dist.metadata else None
         if name:
             seen.setdefault(name.lower(), dist.version)
     return tuple(sorted(seen.items()))

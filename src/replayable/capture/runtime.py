@@ -37,8 +37,8 @@ from replayable.events.model import RunStart
 from replayable.store import EventStore, open_store
 
 __all__ = [
-    "Recording",
     "RecordRun",
+    "Recording",
     "RunContext",
     "Session",
     "WorkflowInfo",

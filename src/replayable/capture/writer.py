@@ -109,7 +109,7 @@ class Writer:
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything handed off so far is committed."""
-        if threading.current_thread() is self._thread:
+        if threading.current_thread() is self._thread or self._closed:
             return
         self._submit_and_wait(_MARK, None, timeout)
 
@@ -136,7 +136,7 @@ class Writer:
             self._wake.wait(self.interval)
             self._wake.clear()
             while self._queue:
-                batch = []
+                batch: list[tuple[int, Any, _Waiter | None]] = []
                 while self._queue and len(batch) < self.batch_size:
                     batch.append(self._queue.popleft())
                 try:
@@ -253,6 +253,9 @@ class Writer:
         finally:
             self._closed = True
             self._wake.set()
+            with _writers_lock:
+                if _writers.get(self.store) is self:
+                    del _writers[self.store]
 
 
 _writers: weakref.WeakKeyDictionary[EventStore, Writer] = weakref.WeakKeyDictionary()

@@ -11,7 +11,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
-from rich.console import Group, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -19,6 +21,7 @@ from replayable.events.model import Event, Run
 
 __all__ = [
     "STATUS_STYLES",
+    "event_parts",
     "event_summary",
     "event_to_dict",
     "format_duration",
@@ -43,6 +46,7 @@ STATUS_STYLES: Final = {
 
 _TAG: Final = "$t"
 _SUMMARY_WIDTH: Final = 96
+_ARGS_WIDTH: Final = 44
 
 
 # -- values -------------------------------------------------------------------
@@ -81,6 +85,10 @@ def short_value(value: Any, width: int = 40) -> str:
     if isinstance(value, list) and len(value) > 3:
         return f"[{len(value)} items]"
     text = orjson.dumps(value, default=str).decode()
+    if isinstance(value, dict) and len(text) > width:
+        # Too long to show whole: name every key with a taste of its value.
+        inner = ", ".join(f"{k}: {short_value(v, 18)}" for k, v in value.items())
+        text = "{" + inner + "}"
     return _clip(text, width)
 
 
@@ -106,12 +114,10 @@ def _llm_args(request: Any) -> str | None:
     messages = kwargs["messages"]
     last = messages[-1] if messages else {}
     content = last.get("content") if isinstance(last, dict) else None
-    parts = [f"model={short_value(kwargs.get('model'), 24)}"] if "model" in kwargs else []
-    noun = "message" if len(messages) == 1 else "messages"
-    parts.append(f"{len(messages)} {noun}")
-    if isinstance(content, str):
-        parts.append(short_value(content, 40))
-    return ", ".join(parts)
+    # The model and the earlier messages are in the event's JSON; the last
+    # message is what tells one call from the next.
+    text = short_value(content, 36) if isinstance(content, str) else ""
+    return f"{len(messages)} msg {text}".rstrip()
 
 
 def _completion_text(value: Any) -> str | None:
@@ -125,6 +131,11 @@ def _completion_text(value: Any) -> str | None:
     calls = message.get("tool_calls") if isinstance(message, dict) else None
     if calls:
         return f"{len(calls)} tool call{'s' if len(calls) != 1 else ''}"
+    if isinstance(content, str) and content.lstrip().startswith("{"):
+        try:
+            return short_value(orjson.loads(content), 48)
+        except orjson.JSONDecodeError:
+            pass
     return short_value(content, 48) if content is not None else "empty message"
 
 
@@ -135,6 +146,8 @@ def _result(event: Event) -> tuple[str, bool]:
     if event.response is None:
         return "(no response)", False
     value = plain(event.response_tree())
+    if event.kind == "clock" and isinstance(value, int | float) and not isinstance(value, bool):
+        return format_time(value, date=True) + format_time(value, date=False)[8:], False
     text = _completion_text(value)
     if text is not None:
         return text, False
@@ -144,14 +157,46 @@ def _result(event: Event) -> tuple[str, bool]:
     return short_value(value, 48), False
 
 
-def event_summary(event: Event, width: int = _SUMMARY_WIDTH) -> tuple[str, bool]:
-    """``name(args) → result`` on one line, and whether the event recorded an error."""
+def event_parts(event: Event) -> tuple[str, str, bool]:
+    """The request's arguments and the result as short text, and whether it was an error."""
     request = event.request_value()
     args = _llm_args(request) if event.kind == "llm" else None
     if args is None:
         args = _call_args(request)
     result, failed = _result(event)
-    return _clip(f"{event.name}({args}) → {result}", width), failed
+    return args, result, failed
+
+
+def event_summary(event: Event, width: int = _SUMMARY_WIDTH) -> tuple[str, bool]:
+    """``name(args) → result`` on one line, and whether the event recorded an error."""
+    args, result, failed = event_parts(event)
+    return _clip(f"{event.name}({_clip(args, _ARGS_WIDTH)}) → {result}", width), failed
+
+
+class _Call:
+    """``args → result`` fitted to its cell: when space is short both sides are clipped,
+    so the result stays visible however long the request is."""
+
+    def __init__(self, args: str, result: str, style: str) -> None:
+        self.args = args or "()"
+        self.result = result
+        self.style = style
+
+    def _fit(self, width: int) -> str:
+        full = f"{self.args} → {self.result}"
+        if cell_len(full) <= width:
+            return full
+        room = max(width - 3, 2)
+        left = min(cell_len(self.args), max(room - cell_len(self.result), room * 4 // 10))
+        return f"{_clip(self.args, max(left, 1))} → {_clip(self.result, max(room - left, 1))}"
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        full = cell_len(f"{self.args} → {self.result}")
+        return Measurement(min(full, 24), full)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text(self._fit(options.max_width), style=self.style, no_wrap=True,
+                   overflow="ellipsis")
 
 
 # -- times --------------------------------------------------------------------
@@ -302,14 +347,15 @@ def timeline(events: Sequence[Event], *, title: str | None = None) -> Renderable
     table.add_column("seq", justify="right", no_wrap=True)
     table.add_column("kind", no_wrap=True, style="blue")
     table.add_column("name", no_wrap=True)
-    table.add_column("summary", no_wrap=True, overflow="ellipsis", ratio=1)
+    # The only column that may shrink; its cells clip themselves to one line.
+    table.add_column("summary")
     table.add_column("started", no_wrap=True, style="dim")
     table.add_column("took", justify="right", no_wrap=True)
     table.add_column("→ next", justify="right", no_wrap=True, style="dim")
     depth = _depths(events)
     side_effects = False
     for i, event in enumerate(events):
-        summary, failed = event_summary(event)
+        args, result, failed = event_parts(event)
         name = Text("  " * depth.get(event.seq, 0) + event.name)
         if event.side_effect:
             name.append(" *", style="bold magenta")
@@ -321,7 +367,7 @@ def timeline(events: Sequence[Event], *, title: str | None = None) -> Renderable
             str(event.seq),
             event.kind,
             name,
-            Text(summary, style="red" if failed else ""),
+            _Call(args, result, "red" if failed else ""),
             format_time(event.started_at, date=False),
             format_duration(event.duration_ns / 1e9),
             format_duration(gap) if gap is not None and gap >= 0 else "",

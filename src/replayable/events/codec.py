@@ -172,9 +172,9 @@ def to_tree(value: Any, path: str = "") -> Any:
             "v": [to_tree(v, f"{path}.{f}") for f, v in zip(value._fields, value, strict=True)],
         }
     if t is set or t is frozenset:
-        items = [to_tree(v, f"{path}{{}}") for v in value]
-        items.sort(key=lambda x: orjson.dumps(x, option=_OPTS))
-        return {TAG: t.__name__, "v": items}
+        members = [to_tree(v, f"{path}{{}}") for v in value]
+        members.sort(key=lambda x: orjson.dumps(x, option=_OPTS))
+        return {TAG: t.__name__, "v": members}
     if t is bytes or t is bytearray:
         return {TAG: t.__name__, "v": base64.b64encode(value).decode()}
     if t is dt.datetime:

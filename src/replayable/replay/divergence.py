@@ -9,7 +9,7 @@ import orjson
 
 from replayable.events.model import Event
 
-__all__ = ["ActualCall", "Divergence", "FieldDiff", "DivergenceReason", "field_diff"]
+__all__ = ["ActualCall", "Divergence", "DivergenceReason", "FieldDiff", "field_diff"]
 
 DivergenceReason = Literal[
     "unexpected_call",

@@ -29,7 +29,7 @@ from replayable.events.codec import (
     resolve_name,
 )
 from replayable.events.model import Event, Run
-from replayable.replay.divergence import ActualCall, Divergence, field_diff
+from replayable.replay.divergence import ActualCall, Divergence, DivergenceReason, field_diff
 from replayable.replay.tape import Tape
 from replayable.store import EventStore, open_store
 
@@ -97,7 +97,9 @@ class ReplayRun(RunContext):
         actual = ActualCall(kind=kind, name=name, key=key, request=orjson.loads(req),
                             fingerprint=fp, call_site=site)
         if ev is None:
-            reason = "tape_exhausted" if self.tape.remaining() == 0 else "unexpected_call"
+            reason: DivergenceReason = (
+                "tape_exhausted" if self.tape.remaining() == 0 else "unexpected_call"
+            )
             div = Divergence(reason=reason, run_id=self.run_id,
                              step=self._next_step(), actual=actual,
                              nearest=self.tape.nearest(kind, name), call_site=site)
@@ -234,6 +236,7 @@ def load_entrypoint(run: Run) -> Callable[..., Any]:
         sys.path.insert(0, cwd)
     module_name, _, qualname = entry.partition(":")
     try:
+        target: Any
         if module_name == "__main__":
             target = sys.modules["__main__"]
             for part in qualname.split("."):

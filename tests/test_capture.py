@@ -1,0 +1,229 @@
+"""Capture: what a recording stores about runs and boundaries."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+
+import pytest
+
+import replayable
+
+
+@pytest.fixture
+def store():
+    s = replayable.open_store("memory://")
+    yield s
+    s.close()
+
+
+class FakeCompletions:
+    """Stands in for an SDK resource: a plain method the llm() boundary wraps."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def create(self, *, model: str, messages: list[dict[str, str]], temperature: float = 1.0,
+               seed: int | None = None) -> dict[str, object]:
+        self.calls += 1
+        return {"model": model, "content": f"answer {self.calls}"}
+
+    async def acreate(self, *, model: str, messages: list[dict[str, str]]) -> dict[str, str]:
+        self.calls += 1
+        await asyncio.sleep(0)
+        return {"model": model, "content": f"async answer {self.calls}"}
+
+    def create_awaitable(self, *, model: str) -> asyncio.Future[str]:
+        """Not a coroutine function, but returns an awaitable (as some SDK wrappers do)."""
+        self.calls += 1
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        fut.set_result(f"future {self.calls}")
+        return fut
+
+
+def test_run_records_input_output_metadata_tenant_and_code(store):
+    """A run's start and end records hold what the issue names."""
+
+    @replayable.workflow("meta_wf")
+    def meta_wf(x: int, *, label: str) -> dict[str, int]:
+        return {"x": x}
+
+    with replayable.recording(store, metadata={"customer": "acme", "tier": 2},
+                              tenant="t1") as rec:
+        meta_wf(5, label="five")
+    run = store.get_run(rec.run_ids[0])
+    assert run.status == "completed"
+    assert run.start.tenant == "t1"
+    assert run.metadata == {"customer": "acme", "tier": 2}
+    assert run.start.entrypoint.endswith(":test_run_records_input_output_metadata_tenant_and_code"
+                                         ".<locals>.meta_wf")
+    assert run.start.code["sha256"]
+    assert len(run.start.code["sha256"]) == 64
+    assert run.start.code["file"].endswith("test_capture.py")
+    env = store.get_blob(run.start.env_hash)
+    assert env is not None
+    assert b'"packages"' in env
+    assert b"msgspec" in env
+    assert '"label":"five"' in run.start.input
+    assert run.end.output == '{"x":5}'
+    assert rec.run_ids == rec.all_run_ids
+    found = store.list_runs(replayable.RunFilter(metadata={"customer": "acme"}))
+    assert [r.run_id for r in found] == rec.run_ids
+
+
+def test_llm_boundary_records_model_and_sampling_parameters(store):
+    """llm() records the request and the model parameters, and replay serves the response."""
+    client = FakeCompletions()
+
+    @replayable.workflow("chat")
+    def chat(q: str) -> str:
+        reply = replayable.llm(client.create, model="m-1", temperature=0.2, seed=7,
+                               messages=[{"role": "user", "content": q}])
+        return reply["content"]  # type: ignore[index]
+
+    with replayable.recording(store) as rec:
+        assert chat("hi") == "answer 1"
+    (event,) = store.events(rec.run_ids[0])
+    assert event.kind == "llm"
+    assert event.name.endswith("FakeCompletions.create")
+    assert event.metadata == {"model": "m-1", "temperature": 0.2, "seed": 7}
+    assert event.request_value()["messages"][0]["content"] == "hi"
+    result = replayable.replay(rec.run_ids[0], store=store, fn=chat)
+    assert result.status == "identical"
+    assert result.output == "answer 1"
+    assert client.calls == 1
+
+
+@pytest.mark.parametrize("method", ["acreate", "create_awaitable"])
+def test_async_llm_calls_record_and_replay(store, method):
+    """Coroutine functions and functions returning awaitables both work through llm()."""
+    client = FakeCompletions()
+
+    @replayable.workflow("achat")
+    async def achat() -> str:
+        fn = getattr(client, method)
+        kwargs = {"model": "m"} if method == "create_awaitable" else {"model": "m",
+                                                                       "messages": []}
+        reply = await replayable.llm(fn, **kwargs)
+        return reply if isinstance(reply, str) else reply["content"]
+
+    async def main() -> str:
+        async with replayable.recording(store) as rec:
+            out = await achat()
+        main.run_id = rec.run_ids[0]  # type: ignore[attr-defined]
+        return out
+
+    out = asyncio.run(main())
+    result = replayable.replay(main.run_id, store=store, fn=achat)  # type: ignore[attr-defined]
+    assert result.status == "identical", result.divergence
+    assert result.output == out
+    assert client.calls == 1
+
+
+def test_clock_random_uuid_sleep_are_served_on_replay(store):
+    """now/utcnow/random/randint/uuid4/sleep are recorded; replay returns them without sleeping."""
+
+    @replayable.workflow("nondet")
+    def nondet() -> tuple[object, ...]:
+        replayable.sleep(0.2)
+        return (replayable.now(), replayable.utcnow(), replayable.random(),
+                replayable.randint(1, 10**6), replayable.uuid4())
+
+    with replayable.recording(store) as rec:
+        out = nondet()
+    assert isinstance(out[1], dt.datetime)
+    assert isinstance(out[4], uuid.UUID)
+    result = replayable.replay(rec.run_ids[0], store=store, fn=nondet)
+    assert result.status == "identical"
+    assert result.output == out
+    assert type(result.output[1]) is dt.datetime
+    assert type(result.output[4]) is uuid.UUID
+    assert result.duration_s < 0.15  # the recorded 0.2 s sleep is not repeated
+
+
+def test_decorators_are_transparent_outside_a_recording():
+    """Outside a recording tools and workflows return exactly what the function returns."""
+    calls = []
+
+    @replayable.tool
+    def t(x: int) -> int:
+        calls.append(x)
+        return x * 2
+
+    @replayable.workflow
+    def w(x: int) -> int:
+        return t(x) + 1
+
+    assert w(4) == 9
+    assert calls == [4]
+    assert w.__name__ == "w"
+    assert t.__name__ == "t"
+
+
+def test_positional_and_keyword_calls_record_the_same_request(store):
+    """f(1, 2) and f(a=1, b=2) produce one request shape, so replay tolerates the style."""
+
+    @replayable.tool
+    def pair(a: int, b: int) -> int:
+        return a + b
+
+    @replayable.workflow("calls")
+    def calls() -> int:
+        return pair(1, 2) + pair(a=1, b=2)
+
+    with replayable.recording(store) as rec:
+        calls()
+    first, second = store.events(rec.run_ids[0])
+    assert first.request == second.request == '{"a":1,"b":2}'
+    assert first.fingerprint == second.fingerprint
+
+
+def test_methods_as_tools_do_not_record_self(store):
+    """A tool defined as a method records its arguments, not the instance."""
+
+    class Db:
+        @replayable.tool(name="db.get")
+        def get(self, key: str) -> str:
+            return key.upper()
+
+    @replayable.workflow("m")
+    def m() -> str:
+        return Db().get("k")
+
+    with replayable.recording(store) as rec:
+        m()
+    (event,) = store.events(rec.run_ids[0])
+    assert event.name == "db.get"
+    assert event.request == '{"key":"k"}'
+
+
+def test_bad_durability_is_a_configuration_error():
+    """An unknown durability mode is refused before anything is recorded."""
+    with pytest.raises(replayable.ConfigurationError, match="durability"):
+        replayable.recording("memory://", durability="sometimes")  # type: ignore[arg-type]
+
+
+def test_durable_mode_commits_before_returning(tmp_path):
+    """In durable mode an event is readable from another connection as soon as the call returns."""
+    url = f"sqlite:///{tmp_path}/d.db"
+    seen = []
+
+    @replayable.tool
+    def step(i: int) -> int:
+        return i
+
+    @replayable.workflow("durable")
+    def durable() -> None:
+        reader = replayable.open_store(url)
+        for i in range(3):
+            step(i)
+            rid = reader.list_runs()[0].run_id
+            seen.append(len(reader.events(rid)))
+        reader.close()
+
+    store = replayable.open_store(url)
+    with replayable.recording(store, durability="durable"):
+        durable()
+    store.close()
+    assert seen == [1, 2, 3]
