@@ -227,3 +227,30 @@ def test_durable_mode_commits_before_returning(tmp_path):
         durable()
     store.close()
     assert seen == [1, 2, 3]
+
+
+def test_begin_finish_records_a_deferred_call_and_replay_serves_it(store):
+    """RunContext.begin() lets a transport record a call that completes later."""
+    from replayable.capture.context import active_state
+
+    def streamed(prompt: str) -> str:
+        st = active_state()
+        assert st is not None
+        call = st.run.begin(st, "llm", "stream", {"prompt": prompt}, meta={"stream": True})
+        if not call.live:
+            return call.value()  # type: ignore[no-any-return]
+        chunks = [prompt, "-", "done"]
+        call.finish("".join(chunks), meta={"chunks": len(chunks)})
+        return "".join(chunks)
+
+    @replayable.workflow("deferred")
+    def deferred() -> str:
+        return streamed("p")
+
+    with replayable.recording(store) as rec:
+        assert deferred() == "p-done"
+    (event,) = store.events(rec.run_ids[0])
+    assert event.metadata == {"stream": True, "chunks": 3}
+    result = replayable.replay(rec.run_ids[0], store=store, fn=deferred)
+    assert result.status == "identical"
+    assert result.output == "p-done"

@@ -25,6 +25,7 @@ __all__ = [
     "ContextThreadPoolExecutor",
     "Lineage",
     "State",
+    "active_state",
     "carry",
     "current_state",
     "install_task_factory",
@@ -78,6 +79,12 @@ _STATE: contextvars.ContextVar[State | None] = contextvars.ContextVar(
     "replayable_state", default=None
 )
 current_state = _STATE.get
+
+
+def active_state() -> State | None:
+    """The state of the run this code is inside, or ``None`` outside any run."""
+    st = _STATE.get()
+    return st if st is not None and st.run is not None else None
 
 
 def carry(fn: Callable[P, R]) -> Callable[P, R]:

@@ -141,6 +141,16 @@ class RunContext(ABC):
         """Open a span; returns the seq that nested events name as their parent."""
         return st.parent
 
+    @abstractmethod
+    def begin(self, st: State, kind: str, name: str, request: Any, side_effect: bool = False,
+              meta: dict[str, Any] | None = None, site: str | None = None) -> OpenCall:
+        """Start a boundary call whose outcome arrives later (streams, transports).
+
+        Recording: the returned call is ``live``; do the real work, then
+        ``finish(value)`` or ``fail(exc)``. Replay: it is not live and
+        ``value()`` returns (or raises) what was recorded.
+        """
+
 
 class Session(ABC):
     """A recording or a replay: decides what a top-level workflow call does."""
@@ -154,6 +164,69 @@ class Session(ABC):
         self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Any:
         """An async workflow called with no run active."""
+
+
+class OpenCall:
+    """A boundary call in progress (see :meth:`RunContext.begin`)."""
+
+    live: bool = True
+    seq: int = 0
+    metadata: dict[str, Any]
+
+    def value(self) -> Any:
+        """The recorded outcome (replay only)."""
+        raise RuntimeError("a live call has no recorded value")
+
+    def finish(self, value: Any, meta: Mapping[str, Any] | None = None) -> None:
+        """Record the outcome of a live call."""
+
+    def fail(self, exc: BaseException, meta: Mapping[str, Any] | None = None) -> None:
+        """Record that a live call raised."""
+
+
+class _RecordingCall(OpenCall):
+    __slots__ = ("_done", "key", "kind", "metadata", "name", "parent", "req", "run", "seq",
+                 "side_effect", "site", "started", "t0")
+
+    def __init__(self, run: RecordRun, st: State, kind: str, name: str, req: bytes,
+                 side_effect: bool, meta: dict[str, Any] | None, site: str | None) -> None:
+        self.run, self.kind, self.name, self.req = run, kind, name, req
+        self.seq = run.next_seq()
+        self.key = st.lineage.next_key()
+        self.parent = st.parent
+        self.side_effect, self.site = side_effect, site
+        self.metadata = dict(meta or {})
+        self.started = time.time()
+        self.t0 = time.perf_counter_ns()
+        self._done = False
+
+    def finish(self, value: Any, meta: Mapping[str, Any] | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if meta:
+            self.metadata.update(meta)
+        try:
+            resp, tagged = encode_value(value)
+        except UnencodableError as exc:
+            err = _serialization_error(f"the value returned by {self.kind} {self.name!r}", exc,
+                                       self.seq)
+            self._emit(None, False, encode_error(err))
+            raise err from None
+        self._emit(resp, tagged, None)
+
+    def fail(self, exc: BaseException, meta: Mapping[str, Any] | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if meta:
+            self.metadata.update(meta)
+        self._emit(None, False, encode_error(exc))
+
+    def _emit(self, resp: bytes | None, tagged: bool, err: bytes | None) -> None:
+        self.run.emit(self.seq, self.kind, self.name, self.key, self.parent, self.site, self.req,
+                      resp, tagged, err, self.side_effect, self.started,
+                      time.perf_counter_ns() - self.t0, self.metadata or None)
 
 
 class RecordRun(RunContext):
@@ -253,6 +326,14 @@ class RecordRun(RunContext):
         """Hand one finished event to the writer."""
         self.writer.event((self.run_id, seq, kind, name, key, parent, site, req, resp, tagged, err,
                            side_effect, started, dur, meta), self.durable)
+
+    def begin(self, st: State, kind: str, name: str, request: Any, side_effect: bool = False,
+              meta: dict[str, Any] | None = None, site: str | None = None) -> OpenCall:
+        try:
+            req = encode_request(request)
+        except UnencodableError as exc:
+            raise _serialization_error(f"the request of {name!r}", exc, None) from None
+        return _RecordingCall(self, st, kind, name, req, side_effect, meta, site)
 
     def span(self, st: State, name: str, attrs: Mapping[str, Any]) -> int | None:
         seq = next(self._seq)

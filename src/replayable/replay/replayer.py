@@ -18,7 +18,13 @@ import orjson
 from replayable.capture.boundaries import workflow_info
 from replayable.capture.config import settings
 from replayable.capture.context import _STATE, Lineage, State, install_task_factory
-from replayable.capture.runtime import RunContext, Session, WorkflowInfo, encode_output
+from replayable.capture.runtime import (
+    OpenCall,
+    RunContext,
+    Session,
+    WorkflowInfo,
+    encode_output,
+)
 from replayable.errors import EntrypointNotFoundError, ReplayDivergenceError, ReplayError
 from replayable.events.canonical import fingerprint
 from replayable.events.codec import (
@@ -68,6 +74,20 @@ class ReplayResult:
     @property
     def ok(self) -> bool:
         return self.status == "identical"
+
+
+class _ServedCall(OpenCall):
+    """A call answered from the tape."""
+
+    live = False
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+        self.seq = event.seq
+        self.metadata = event.metadata
+
+    def value(self) -> Any:
+        return ReplayRun._result(self.event)
 
 
 class ReplayRun(RunContext):
@@ -126,6 +146,10 @@ class ReplayRun(RunContext):
 
     async def _aresult(self, ev: Event) -> Any:
         return self._result(ev)
+
+    def begin(self, st: State, kind: str, name: str, request: Any, side_effect: bool = False,
+              meta: dict[str, Any] | None = None, site: str | None = None) -> OpenCall:
+        return _ServedCall(self._serve(st, kind, name, request, site))
 
     def call(self, st: State, kind: str, name: str, fn: Callable[..., Any],
              args: tuple[Any, ...], kwargs: Mapping[str, Any], request: Any,
