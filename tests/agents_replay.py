@@ -60,8 +60,14 @@ def research(topic: str) -> dict[str, object]:
     token = replayable.uuid4()
     roll = replayable.randint(1, 6)
     receipt = send_email("ops@example.test", f"{hits[0]['title']} {len(page)}")
-    out = {"best": hits[0]["title"], "len": len(page), "stamp": stamp, "token": str(token),
-           "roll": roll, "receipt": receipt["id"]}
+    out = {
+        "best": hits[0]["title"],
+        "len": len(page),
+        "stamp": stamp,
+        "token": str(token),
+        "roll": roll,
+        "receipt": receipt["id"],
+    }
     if VARIANT == "output_changed":
         out["best"] = "something else"
     return out
@@ -87,6 +93,7 @@ async def slow_lookup(key: str) -> dict[str, str]:
 @replayable.workflow("fanout")
 async def fanout(keys: list[str]) -> list[str]:
     """Same tool in parallel with different arguments; completion order is random."""
+
     async def branch(k: str) -> str:
         first = await slow_lookup(k)
         second = await slow_lookup(first["value"])

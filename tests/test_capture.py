@@ -24,8 +24,14 @@ class FakeCompletions:
     def __init__(self) -> None:
         self.calls = 0
 
-    def create(self, *, model: str, messages: list[dict[str, str]], temperature: float = 1.0,
-               seed: int | None = None) -> dict[str, object]:
+    def create(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, str]],
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> dict[str, object]:
         self.calls += 1
         return {"model": model, "content": f"answer {self.calls}"}
 
@@ -49,15 +55,15 @@ def test_run_records_input_output_metadata_tenant_and_code(store):
     def meta_wf(x: int, *, label: str) -> dict[str, int]:
         return {"x": x}
 
-    with replayable.recording(store, metadata={"customer": "acme", "tier": 2},
-                              tenant="t1") as rec:
+    with replayable.recording(store, metadata={"customer": "acme", "tier": 2}, tenant="t1") as rec:
         meta_wf(5, label="five")
     run = store.get_run(rec.run_ids[0])
     assert run.status == "completed"
     assert run.start.tenant == "t1"
     assert run.metadata == {"customer": "acme", "tier": 2}
-    assert run.start.entrypoint.endswith(":test_run_records_input_output_metadata_tenant_and_code"
-                                         ".<locals>.meta_wf")
+    assert run.start.entrypoint.endswith(
+        ":test_run_records_input_output_metadata_tenant_and_code.<locals>.meta_wf"
+    )
     assert run.start.code["sha256"]
     assert len(run.start.code["sha256"]) == 64
     assert run.start.code["file"].endswith("test_capture.py")
@@ -78,8 +84,13 @@ def test_llm_boundary_records_model_and_sampling_parameters(store):
 
     @replayable.workflow("chat")
     def chat(q: str) -> str:
-        reply = replayable.llm(client.create, model="m-1", temperature=0.2, seed=7,
-                               messages=[{"role": "user", "content": q}])
+        reply = replayable.llm(
+            client.create,
+            model="m-1",
+            temperature=0.2,
+            seed=7,
+            messages=[{"role": "user", "content": q}],
+        )
         return reply["content"]  # type: ignore[index]
 
     with replayable.recording(store) as rec:
@@ -103,8 +114,7 @@ def test_async_llm_calls_record_and_replay(store, method):
     @replayable.workflow("achat")
     async def achat() -> str:
         fn = getattr(client, method)
-        kwargs = {"model": "m"} if method == "create_awaitable" else {"model": "m",
-                                                                       "messages": []}
+        kwargs = {"model": "m"} if method == "create_awaitable" else {"model": "m", "messages": []}
         reply = await replayable.llm(fn, **kwargs)
         return reply if isinstance(reply, str) else reply["content"]
 
@@ -127,8 +137,13 @@ def test_clock_random_uuid_sleep_are_served_on_replay(store):
     @replayable.workflow("nondet")
     def nondet() -> tuple[object, ...]:
         replayable.sleep(0.2)
-        return (replayable.now(), replayable.utcnow(), replayable.random(),
-                replayable.randint(1, 10**6), replayable.uuid4())
+        return (
+            replayable.now(),
+            replayable.utcnow(),
+            replayable.random(),
+            replayable.randint(1, 10**6),
+            replayable.uuid4(),
+        )
 
     with replayable.recording(store) as rec:
         out = nondet()
@@ -254,3 +269,24 @@ def test_begin_finish_records_a_deferred_call_and_replay_serves_it(store):
     result = replayable.replay(rec.run_ids[0], store=store, fn=deferred)
     assert result.status == "identical"
     assert result.output == "p-done"
+
+
+def test_boundaries_inside_a_boundary_are_not_recorded(store):
+    """A tool that calls another tool is one event: replay serves the outer call whole."""
+
+    @replayable.tool
+    def inner(x: int) -> int:
+        return x + 1
+
+    @replayable.tool
+    def outer(x: int) -> int:
+        return inner(x) * 2
+
+    @replayable.workflow("nested")
+    def nested() -> int:
+        return outer(1)
+
+    with replayable.recording(store) as rec:
+        assert nested() == 4
+    assert [e.name for e in store.events(rec.run_ids[0])] == ["outer"]
+    assert replayable.replay(rec.run_ids[0], store=store, fn=nested).status == "identical"

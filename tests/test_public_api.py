@@ -8,9 +8,26 @@ from pathlib import Path
 import replayable
 
 PROMISED = {
-    "workflow", "tool", "llm", "now", "utcnow", "random", "randint", "uuid4", "sleep", "span",
-    "open_store", "recording", "replay", "ReplayResult", "ReplayDivergenceError",
-    "SerializationError", "register_codec", "verify_run", "carry", "ContextThreadPoolExecutor",
+    "workflow",
+    "tool",
+    "llm",
+    "now",
+    "utcnow",
+    "random",
+    "randint",
+    "uuid4",
+    "sleep",
+    "span",
+    "open_store",
+    "recording",
+    "replay",
+    "ReplayResult",
+    "ReplayDivergenceError",
+    "SerializationError",
+    "register_codec",
+    "verify_run",
+    "carry",
+    "ContextThreadPoolExecutor",
 }
 
 

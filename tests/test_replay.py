@@ -47,8 +47,12 @@ def test_recorded_run_holds_every_boundary_in_order(store):
     run_id, _ = record(store, agents.research, "llamas")
     events = store.events(run_id)
     assert [(e.kind, e.name) for e in events] == [
-        ("tool", "search"), ("tool", "fetch"), ("clock", "time"), ("uuid", "uuid4"),
-        ("random", "randint"), ("tool", "send_email"),
+        ("tool", "search"),
+        ("tool", "fetch"),
+        ("clock", "time"),
+        ("uuid", "uuid4"),
+        ("random", "randint"),
+        ("tool", "send_email"),
     ]
     assert [e.seq for e in events] == [1, 2, 3, 4, 5, 6]
     assert events[0].request_value() == {"query": "llamas"}

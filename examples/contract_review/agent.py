@@ -82,8 +82,15 @@ def _rules_db() -> sqlite3.Connection:
     db.executemany(
         "INSERT INTO rules VALUES (?, ?, ?, ?, ?, ?, ?)",
         [
-            (r["rule_id"], r["jurisdiction"], r["severity"], r["title"], r["field"], r["op"],
-             json.dumps(r["value"]))
+            (
+                r["rule_id"],
+                r["jurisdiction"],
+                r["severity"],
+                r["title"],
+                r["field"],
+                r["op"],
+                json.dumps(r["value"]),
+            )
             for r in rows
         ],
     )
@@ -91,7 +98,10 @@ def _rules_db() -> sqlite3.Connection:
 
 
 def find_rules(jurisdiction: str, mode: Literal["exact", "prefix"]) -> list[dict[str, Any]]:
-    """Rules filed under ``jurisdiction``; ``prefix`` also takes the parent (``GB`` for ``GB-SCT``)."""
+    """Rules filed under ``jurisdiction``.
+
+    ``prefix`` also takes the parent jurisdiction's rules (``GB`` for ``GB-SCT``).
+    """
     sql = "SELECT rule_id, jurisdiction, severity, title, field, op, value FROM rules "
     if mode == "exact":
         sql += "WHERE jurisdiction = ?1"

@@ -20,11 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 import replayable
-from replayable.cli.render import event_summary, status_text, timeline
-from replayable.store import EventStore, verify_run
-
 from contract_review.agent import review_contract
 from contract_review.model_server import serve
+from replayable.cli.render import event_summary, status_text, timeline
+from replayable.store import EventStore, verify_run
 
 __all__ = ["CONTRACT_ID", "DemoResult", "run_demo"]
 
@@ -93,20 +92,32 @@ def run_demo(
     """
     store = replayable.open_store(store_url)
     try:
-        return _run(store, console, seed=seed, reruns=reruns,
-                    reports=reports_path or Path(".replayable/demo-reports.jsonl"))
+        return _run(
+            store,
+            console,
+            seed=seed,
+            reruns=reruns,
+            reports=reports_path or Path(".replayable/demo-reports.jsonl"),
+        )
     finally:
         store.close()
 
 
-def _run(store: EventStore, console: Console, *, seed: int | None, reruns: int,
-         reports: Path) -> DemoResult:
-    console.print(Text("replayable demo: the contract rated \"low\" that should have been \"high\"",
-                       style="bold"))
+def _run(
+    store: EventStore, console: Console, *, seed: int | None, reruns: int, reports: Path
+) -> DemoResult:
+    console.print(
+        Text('replayable demo: the contract rated "low" that should have been "high"', style="bold")
+    )
     console.print(f"store {store.url}   reports {reports}")
-    with serve(seed=seed) as model, _environ(OPENAI_BASE_URL=model.base_url,
-                                             OPENAI_API_KEY="demo-key",
-                                             CONTRACT_REVIEW_REPORTS=str(reports)):
+    with (
+        serve(seed=seed) as model,
+        _environ(
+            OPENAI_BASE_URL=model.base_url,
+            OPENAI_API_KEY="demo-key",
+            CONTRACT_REVIEW_REPORTS=str(reports),
+        ),
+    ):
         console.print(f"model: scripted, OpenAI wire format at {model.base_url} (seed {seed})")
 
         console.rule("1. Record the production run")
@@ -114,18 +125,28 @@ def _run(store: EventStore, console: Console, *, seed: int | None, reruns: int,
             output = review_contract(CONTRACT_ID)
         run_id = rec.run_ids[0]
         result = DemoResult(run_id=run_id, recorded_output=output)
-        console.print(Text.assemble(f"review_contract({CONTRACT_ID!r}) → risk ",
-                                    (output["risk"], "bold"), "   run ", (run_id, "cyan")))
+        console.print(
+            Text.assemble(
+                f"review_contract({CONTRACT_ID!r}) → risk ",
+                (output["risk"], "bold"),
+                "   run ",
+                (run_id, "cyan"),
+            )
+        )
         events = store.events(run_id)
         console.print(timeline(events))
         for event in events:
             if event.name == "query_compliance_rules":
                 summary, _ = event_summary(event)
-                console.print(Text.assemble(
-                    (f"step {event.seq}: ", "bold"), summary, "\n",
-                    "the rules are filed under 'GB' and the lookup matches the jurisdiction "
-                    "exactly, so the model was told to proceed with available data.",
-                ))
+                console.print(
+                    Text.assemble(
+                        (f"step {event.seq}: ", "bold"),
+                        summary,
+                        "\n",
+                        "the rules are filed under 'GB' and the lookup matches the jurisdiction "
+                        "exactly, so the model was told to proceed with available data.",
+                    )
+                )
 
         console.rule("2. Re-run it live: the model samples, so the answer moves")
         table = Table(show_edge=False, pad_edge=False, header_style="bold")
@@ -139,8 +160,9 @@ def _run(store: EventStore, console: Console, *, seed: int | None, reruns: int,
             table.add_row(f"live {i + 1}", live["risk"], live["summary"])
         console.print(table)
         risks = sorted({output["risk"], *(o["risk"] for o in result.live_outputs)})
-        console.print(f"answers seen: {', '.join(risks)}; re-running cannot reproduce the "
-                      "incident reliably.")
+        console.print(
+            f"answers seen: {', '.join(risks)}; re-running cannot reproduce the incident reliably."
+        )
 
         console.rule("3. Replay the recording")
         requests_before, reports_before = model.requests, _lines(reports)
@@ -150,24 +172,38 @@ def _run(store: EventStore, console: Console, *, seed: int | None, reruns: int,
         result.model_requests_during_replay = model.requests - requests_before
         result.reports_filed_during_replay = _lines(reports) - reports_before
     same = replayed.output == output
-    console.print(Text.assemble("status ", status_text(replayed.status),
-                                f"   events served {replayed.events_served}"))
-    console.print(Text.assemble("output ", ("identical to the recording" if same else "DIFFERENT",
-                                            "green" if same else "red"),
-                                f": risk {replayed.output['risk'] if same else '?'}"))
-    console.print(f"model requests during replay: {result.model_requests_during_replay}   "
-                  f"reports filed during replay: {result.reports_filed_during_replay}")
+    console.print(
+        Text.assemble(
+            "status ", status_text(replayed.status), f"   events served {replayed.events_served}"
+        )
+    )
+    console.print(
+        Text.assemble(
+            "output ",
+            ("identical to the recording" if same else "DIFFERENT", "green" if same else "red"),
+            f": risk {replayed.output['risk'] if same else '?'}",
+        )
+    )
+    console.print(
+        f"model requests during replay: {result.model_requests_during_replay}   "
+        f"reports filed during replay: {result.reports_filed_during_replay}"
+    )
     if replayed.divergence is not None:
         console.print(replayed.divergence.message)
 
     console.rule("4. Verify the hash chain")
     report = verify_run(store, run_id)
     result.chain_ok = report.ok
-    console.print(Text(("✓ " if report.ok else "✗ ") + report.message,
-                       style="green" if report.ok else "red"))
+    console.print(
+        Text(("✓ " if report.ok else "✗ ") + report.message, style="green" if report.ok else "red")
+    )
 
     console.rule()
-    console.print(Text("demo ok" if result.ok else "demo FAILED",
-                       style="bold green" if result.ok else "bold red"))
+    console.print(
+        Text(
+            "demo ok" if result.ok else "demo FAILED",
+            style="bold green" if result.ok else "bold red",
+        )
+    )
     console.print(f"explore it: replayable --store {store.url} show {run_id}", markup=False)
     return result

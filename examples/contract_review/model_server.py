@@ -50,8 +50,10 @@ def _search(pattern: str, text: str) -> str | None:
 def extract(contract_text: str, rng: random.Random) -> dict[str, Any]:
     """Key terms read off the contract text, as the extraction prompt asks."""
     liability = _search(r"Liability:\s*(.+)", contract_text) or ""
-    cap = "unlimited" if "unlimited" in liability.lower() else (
-        _search(r"capped at ([A-Z]{3} [\d,]+)", liability) or "not stated"
+    cap = (
+        "unlimited"
+        if "unlimited" in liability.lower()
+        else (_search(r"capped at ([A-Z]{3} [\d,]+)", liability) or "not stated")
     )
     renewal = _search(r"successive (\d+)-month", contract_text)
     data_line = _search(r"Data protection:\s*(.+)", contract_text) or ""
@@ -73,12 +75,17 @@ def _triggered(rule: dict[str, Any], terms: dict[str, Any]) -> bool:
     actual = terms.get(rule.get("field", ""))
     expected = rule.get("value")
     if rule.get("op") == "gt":
-        return isinstance(actual, int | float) and isinstance(expected, int | float) \
+        return (
+            isinstance(actual, int | float)
+            and isinstance(expected, int | float)
             and actual > expected
+        )
     return bool(actual == expected)
 
 
-def assess(terms: dict[str, Any], rules: list[dict[str, Any]], rng: random.Random) -> dict[str, Any]:
+def assess(
+    terms: dict[str, Any], rules: list[dict[str, Any]], rng: random.Random
+) -> dict[str, Any]:
     """A risk rating: the worst triggered rule decides; with no rules, mostly "low"."""
     confidence = round(rng.uniform(0.7, 0.95), 2)
     if not rules:
@@ -87,12 +94,18 @@ def assess(terms: dict[str, Any], rules: list[dict[str, Any]], rng: random.Rando
     hits = [r for r in rules if _triggered(r, terms)]
     if not hits:
         ids = ", ".join(r["rule_id"] for r in rules)
-        return {"risk": "low", "summary": rng.choice(_CLEAN_WORDING).format(ids=ids),
-                "confidence": confidence}
+        return {
+            "risk": "low",
+            "summary": rng.choice(_CLEAN_WORDING).format(ids=ids),
+            "confidence": confidence,
+        }
     risk = "high" if any(r.get("severity") == "high" for r in hits) else "medium"
     named = ", ".join(f"{r['rule_id']} ({r['title']})" for r in hits)
-    return {"risk": risk, "summary": rng.choice(_RULES_WORDING).format(hits=named),
-            "confidence": confidence}
+    return {
+        "risk": risk,
+        "summary": rng.choice(_RULES_WORDING).format(hits=named),
+        "confidence": confidence,
+    }
 
 
 def _block(prompt: str, label: str) -> Any:
@@ -128,8 +141,9 @@ class ModelServer:
             if prompt.startswith("TASK: extract terms"):
                 content = extract(prompt, self._rng)
             elif prompt.startswith("TASK: assess risk"):
-                content = assess(_block(prompt, "TERMS") or {}, _block(prompt, "RULES") or [],
-                                 self._rng)
+                content = assess(
+                    _block(prompt, "TERMS") or {}, _block(prompt, "RULES") or [], self._rng
+                )
             else:
                 content = {"error": "this scripted model only knows the contract-review prompts"}
             completion_id = f"chatcmpl-{self._rng.getrandbits(64):016x}"
@@ -142,12 +156,14 @@ class ModelServer:
             "created": int(time.time()),
             "model": body.get("model", "scripted"),
             "system_fingerprint": "fp_scripted",
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": "stop",
-            }],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
@@ -161,15 +177,24 @@ class ModelServer:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 if self.path.rstrip("/") != "/v1/chat/completions":
-                    self._send(404, {"error": {"message": f"no route {self.path}",
-                                               "type": "invalid_request_error"}})
+                    self._send(
+                        404,
+                        {
+                            "error": {
+                                "message": f"no route {self.path}",
+                                "type": "invalid_request_error",
+                            }
+                        },
+                    )
                     return
                 length = int(self.headers.get("content-length") or 0)
                 try:
                     body = json.loads(self.rfile.read(length) or b"{}")
                 except json.JSONDecodeError:
-                    self._send(400, {"error": {"message": "body is not JSON",
-                                               "type": "invalid_request_error"}})
+                    self._send(
+                        400,
+                        {"error": {"message": "body is not JSON", "type": "invalid_request_error"}},
+                    )
                     return
                 self._send(200, server.answer(body))
 
@@ -188,9 +213,12 @@ class ModelServer:
 
     def start(self) -> ModelServer:
         """Serve in a background thread."""
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True,
-                                        name="scripted-model")
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
+            name="scripted-model",
+        )
         self._thread.start()
         return self
 
@@ -211,7 +239,7 @@ class ModelServer:
 
 @contextmanager
 def serve(seed: int | None = None, port: int = 0) -> Iterator[ModelServer]:
-    """Run the scripted model for the block; the server's ``base_url`` is where to point a client."""
+    """Run the scripted model for the block; point a client at the server's ``base_url``."""
     with ModelServer(seed=seed, port=port) as server:
         yield server
 

@@ -105,5 +105,6 @@ def recording(
     committed (group commit across threads). ``env_vars`` names environment
     variables to snapshot with each run (secret-looking values are redacted).
     """
-    return Recording(store, metadata=metadata, tenant=tenant, durability=durability,
-                     env_vars=env_vars)
+    return Recording(
+        store, metadata=metadata, tenant=tenant, durability=durability, env_vars=env_vars
+    )

@@ -107,6 +107,13 @@ def workflow_info(fn: Callable[..., Any]) -> WorkflowInfo | None:
 
 # -- tools ----------------------------------------------------------------------
 
+_TOOLS: dict[str, dict[str, Any]] = {}
+
+
+def registered_tools() -> dict[str, dict[str, Any]]:
+    """Every tool decorated in this process: name → kind, side_effect, function."""
+    return dict(_TOOLS)
+
 
 def _request_builder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
     """Name positional arguments by parameter, so f(1) and f(x=1) record the same request."""
@@ -174,8 +181,18 @@ def tool(
                 st = _get_state()
                 if st is None or st.run is None:
                     return await f(*args, **kwargs)
-                return await st.run.acall(st, kind, tool_name, f, args, kwargs,
-                                          build(args, kwargs), side_effect, None, call_site(1))
+                return await st.run.acall(
+                    st,
+                    kind,
+                    tool_name,
+                    f,
+                    args,
+                    kwargs,
+                    build(args, kwargs),
+                    side_effect,
+                    None,
+                    call_site(1),
+                )
 
             wrapper: Any = call_async
         else:
@@ -185,11 +202,28 @@ def tool(
                 st = _get_state()
                 if st is None or st.run is None:
                     return f(*args, **kwargs)
-                return st.run.call(st, kind, tool_name, f, args, kwargs, build(args, kwargs),
-                                   side_effect, None, call_site(1))
+                return st.run.call(
+                    st,
+                    kind,
+                    tool_name,
+                    f,
+                    args,
+                    kwargs,
+                    build(args, kwargs),
+                    side_effect,
+                    None,
+                    call_site(1),
+                )
 
             wrapper = call_sync
-        wrapper.__replayable_tool__ = {"name": tool_name, "side_effect": side_effect, "kind": kind}
+        info = {
+            "name": tool_name,
+            "side_effect": side_effect,
+            "kind": kind,
+            "function": f"{f.__module__}:{f.__qualname__}",
+        }
+        wrapper.__replayable_tool__ = info
+        _TOOLS[tool_name] = info
         return wrapper  # type: ignore[no-any-return]
 
     return decorate
@@ -198,9 +232,22 @@ def tool(
 # -- llm ------------------------------------------------------------------------
 
 _SAMPLING = (
-    "model", "temperature", "top_p", "top_k", "seed", "max_tokens", "max_completion_tokens",
-    "max_output_tokens", "stop", "n", "presence_penalty", "frequency_penalty", "tool_choice",
-    "response_format", "reasoning_effort", "stream",
+    "model",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "stop",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "tool_choice",
+    "response_format",
+    "reasoning_effort",
+    "stream",
 )
 
 
@@ -224,8 +271,18 @@ def llm(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
     name = _llm_name(fn)
     if inspect.iscoroutinefunction(fn):
         meta["awaitable"] = True
-        return st.run.acall(st, "llm", name, fn, args, kwargs, request, False, meta,  # type: ignore[return-value]
-                            call_site(1))
+        return st.run.acall(
+            st,
+            "llm",
+            name,
+            fn,
+            args,
+            kwargs,
+            request,
+            False,
+            meta,  # type: ignore[return-value]
+            call_site(1),
+        )
     return st.run.call(st, "llm", name, fn, args, kwargs, request, False, meta, call_site(1))  # type: ignore[no-any-return]
 
 
@@ -280,8 +337,18 @@ async def asleep(seconds: float) -> None:
     if st is None or st.run is None:
         await asyncio.sleep(seconds)
         return
-    await st.run.acall(st, "sleep", "sleep", asyncio.sleep, (seconds,), {},
-                       {"args": [seconds]}, False, None, call_site(1))
+    await st.run.acall(
+        st,
+        "sleep",
+        "sleep",
+        asyncio.sleep,
+        (seconds,),
+        {},
+        {"args": [seconds]},
+        False,
+        None,
+        call_site(1),
+    )
 
 
 @contextmanager

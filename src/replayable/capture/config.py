@@ -3,20 +3,54 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 from replayable.events.canonical import Redactor
 
 __all__ = ["configure", "settings"]
 
 
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in value.split(",") if n.strip())
+
+
+def project_config(start: Path | None = None) -> dict[str, Any]:
+    """``[tool.replayable]`` of the nearest pyproject.toml at or above ``start`` (the cwd)."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                data = tomllib.loads(candidate.read_text())
+            except (OSError, tomllib.TOMLDecodeError):
+                return {}
+            section = data.get("tool", {}).get("replayable", {})
+            return section if isinstance(section, dict) else {}
+    return {}
+
+
 class Settings:
-    """The active configuration; change it with :func:`configure`."""
+    """The active configuration; change it with :func:`configure`.
+
+    Read at import from ``[tool.replayable]`` in the nearest pyproject.toml
+    (``side_effects``, ``env_vars``, ``redact_keys``) and from
+    ``$REPLAYABLE_SIDE_EFFECTS`` / ``$REPLAYABLE_CAPTURE_ENV`` (comma-separated).
+    """
 
     def __init__(self) -> None:
-        self.redactor = Redactor()
-        env = os.environ.get("REPLAYABLE_CAPTURE_ENV", "")
-        self.env_vars: tuple[str, ...] = tuple(n.strip() for n in env.split(",") if n.strip())
+        cfg = project_config()
+        self.redactor = Redactor(extra_keys=cfg.get("redact_keys", ()))
+        self.env_vars: tuple[str, ...] = (
+            *cfg.get("env_vars", ()),
+            *_split(os.environ.get("REPLAYABLE_CAPTURE_ENV", "")),
+        )
+        #: Tool names replay treats as side-effecting even without ``side_effect=True``.
+        self.side_effects: frozenset[str] = frozenset(
+            (*cfg.get("side_effects", ()), *_split(os.environ.get("REPLAYABLE_SIDE_EFFECTS", "")))
+        )
 
 
 settings = Settings()
@@ -27,9 +61,11 @@ def configure(
     redact_keys: Iterable[str] | None = None,
     redact_patterns: Iterable[str] | None = None,
     env_vars: Iterable[str] | None = None,
+    side_effects: Iterable[str] | None = None,
 ) -> None:
     """Add secret key names or value patterns to redact, or name environment variables
-    whose values every run records (secret-looking ones are redacted).
+    whose values every run records (secret-looking ones are redacted), or name
+    third-party tools replay must guard as side effects.
 
     Redaction applies to everything recorded afterwards, and to the requests
     replay compares, so set it before recording.
@@ -44,3 +80,5 @@ def configure(
             writer.redactor = settings.redactor
     if env_vars is not None:
         settings.env_vars = tuple(env_vars)
+    if side_effects is not None:
+        settings.side_effects = frozenset(side_effects)

@@ -27,8 +27,12 @@ def code_fingerprint(fn: Callable[..., Any]) -> dict[str, Any]:
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     path = getattr(module, "__file__", None)
     if not path:
-        return {"module": getattr(fn, "__module__", None), "file": None, "sha256": None,
-                "git_commit": None}
+        return {
+            "module": getattr(fn, "__module__", None),
+            "file": None,
+            "sha256": None,
+            "git_commit": None,
+        }
     file = Path(path).resolve()
     return {
         "module": fn.__module__,
@@ -75,15 +79,13 @@ def git_commit(directory: Path) -> str | None:
 def _packages() -> tuple[tuple[str, str], ...]:
     seen: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"] if "Name" in dist.metadata else None
+        name = dist.name
         if name:
             seen.setdefault(name.lower(), dist.version)
     return tuple(sorted(seen.items()))
 
 
-def environment_snapshot(
-    env_vars: Iterable[str], redactor: Redactor
-) -> tuple[str, bytes]:
+def environment_snapshot(env_vars: Iterable[str], redactor: Redactor) -> tuple[str, bytes]:
     """The environment as canonical JSON and its sha256: Python, packages, timezone, locale,
     and the named environment variables with secret-looking values redacted."""
     names = sorted(set(env_vars))
@@ -93,8 +95,11 @@ def environment_snapshot(
         "platform": platform.platform(),
         "executable": sys.executable,
         "packages": dict(_packages()),
-        "timezone": {"name": list(time.tzname), "utcoffset_s": -time.timezone,
-                     "TZ": os.environ.get("TZ")},
+        "timezone": {
+            "name": list(time.tzname),
+            "utcoffset_s": -time.timezone,
+            "TZ": os.environ.get("TZ"),
+        },
         "locale": list(locale.getlocale()),
         "env": redactor.redact_mapping({n: os.environ[n] for n in names if n in os.environ}),
     }

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from replayable.capture.config import settings
-from replayable.capture.context import _STATE, Lineage, State
+from replayable.capture.context import _STATE, Lineage, State, install_task_factory
 from replayable.capture.environment import code_fingerprint, environment_snapshot
 from replayable.capture.writer import Writer, writer_for
 from replayable.errors import ConfigurationError, SerializationError
@@ -142,8 +142,16 @@ class RunContext(ABC):
         return st.parent
 
     @abstractmethod
-    def begin(self, st: State, kind: str, name: str, request: Any, side_effect: bool = False,
-              meta: dict[str, Any] | None = None, site: str | None = None) -> OpenCall:
+    def begin(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        request: Any,
+        side_effect: bool = False,
+        meta: dict[str, Any] | None = None,
+        site: str | None = None,
+    ) -> OpenCall:
         """Start a boundary call whose outcome arrives later (streams, transports).
 
         Recording: the returned call is ``live``; do the real work, then
@@ -184,15 +192,37 @@ class OpenCall:
         """Record that a live call raised."""
 
 
-class _RecordingCall(OpenCall):
-    __slots__ = ("_done", "key", "kind", "metadata", "name", "parent", "req", "run", "seq",
-                 "side_effect", "site", "started", "t0")
+class RecordingCall(OpenCall):
+    __slots__ = (
+        "_done",
+        "key",
+        "kind",
+        "metadata",
+        "name",
+        "parent",
+        "req",
+        "run",
+        "seq",
+        "side_effect",
+        "site",
+        "started",
+        "t0",
+    )
 
-    def __init__(self, run: RecordRun, st: State, kind: str, name: str, req: bytes,
-                 side_effect: bool, meta: dict[str, Any] | None, site: str | None) -> None:
+    def __init__(
+        self,
+        run: RecordRun,
+        st: State,
+        kind: str,
+        name: str,
+        req: bytes,
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+        position: tuple[int, str] | None = None,
+    ) -> None:
         self.run, self.kind, self.name, self.req = run, kind, name, req
-        self.seq = run.next_seq()
-        self.key = st.lineage.next_key()
+        self.seq, self.key = position or (run.next_seq(), st.lineage.next_key())
         self.parent = st.parent
         self.side_effect, self.site = side_effect, site
         self.metadata = dict(meta or {})
@@ -209,8 +239,9 @@ class _RecordingCall(OpenCall):
         try:
             resp, tagged = encode_value(value)
         except UnencodableError as exc:
-            err = _serialization_error(f"the value returned by {self.kind} {self.name!r}", exc,
-                                       self.seq)
+            err = _serialization_error(
+                f"the value returned by {self.kind} {self.name!r}", exc, self.seq
+            )
             self._emit(None, False, encode_error(err))
             raise err from None
         self._emit(resp, tagged, None)
@@ -224,9 +255,22 @@ class _RecordingCall(OpenCall):
         self._emit(None, False, encode_error(exc))
 
     def _emit(self, resp: bytes | None, tagged: bool, err: bytes | None) -> None:
-        self.run.emit(self.seq, self.kind, self.name, self.key, self.parent, self.site, self.req,
-                      resp, tagged, err, self.side_effect, self.started,
-                      time.perf_counter_ns() - self.t0, self.metadata or None)
+        self.run.emit(
+            self.seq,
+            self.kind,
+            self.name,
+            self.key,
+            self.parent,
+            self.site,
+            self.req,
+            resp,
+            tagged,
+            err,
+            self.side_effect,
+            self.started,
+            time.perf_counter_ns() - self.t0,
+            self.metadata or None,
+        )
 
 
 class RecordRun(RunContext):
@@ -247,58 +291,239 @@ class RecordRun(RunContext):
 
     # -- boundaries ---------------------------------------------------------
 
-    def call(self, st: State, kind: str, name: str, fn: Callable[..., Any],
-             args: tuple[Any, ...], kwargs: Mapping[str, Any], request: Any,
-             side_effect: bool, meta: dict[str, Any] | None, site: str | None) -> Any:
+    def call(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        request: Any,
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
-        req = self._request(request, name, seq)
+        return self.live_call(
+            st,
+            seq,
+            key,
+            self._request(request, name, seq),
+            kind,
+            name,
+            fn,
+            args,
+            kwargs,
+            side_effect,
+            meta,
+            site,
+        )
+
+    def live_call(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        req: bytes,
+        kind: str,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
+        """Run the real call for step ``seq`` and record it."""
         started = time.time()
         t0 = time.perf_counter_ns()
+        # Calls made inside a boundary belong to it: replay serves the boundary
+        # without running it, so nested boundaries must not be recorded.
+        token = _STATE.set(None)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            self.emit(seq, kind, name, key, st.parent, site, req, None, False, encode_error(exc),
-                      side_effect, started, time.perf_counter_ns() - t0, meta)
+            self.emit(
+                seq,
+                kind,
+                name,
+                key,
+                st.parent,
+                site,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                side_effect,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
             raise
+        finally:
+            _STATE.reset(token)
         if meta is not None and meta.get("awaitable") is None and inspect.isawaitable(result):
-            return self._finish_awaitable(result, st, seq, kind, name, key, site, req,
-                                          side_effect, started, t0, meta)
-        self._respond(result, st, seq, kind, name, key, site, req, side_effect, started,
-                      time.perf_counter_ns() - t0, meta)
+            return self._finish_awaitable(
+                result, st, seq, kind, name, key, site, req, side_effect, started, t0, meta
+            )
+        self._respond(
+            result,
+            st,
+            seq,
+            kind,
+            name,
+            key,
+            site,
+            req,
+            side_effect,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
         return result
 
-    async def _finish_awaitable(self, awaitable: Awaitable[Any], st: State, seq: int, kind: str,
-                                name: str, key: str, site: str | None, req: bytes,
-                                side_effect: bool, started: float, t0: int,
-                                meta: dict[str, Any]) -> Any:
+    async def _finish_awaitable(
+        self,
+        awaitable: Awaitable[Any],
+        st: State,
+        seq: int,
+        kind: str,
+        name: str,
+        key: str,
+        site: str | None,
+        req: bytes,
+        side_effect: bool,
+        started: float,
+        t0: int,
+        meta: dict[str, Any],
+    ) -> Any:
         meta = {**meta, "awaitable": True}
+        token = _STATE.set(None)
         try:
             result = await awaitable
         except BaseException as exc:
-            self.emit(seq, kind, name, key, st.parent, site, req, None, False, encode_error(exc),
-                      side_effect, started, time.perf_counter_ns() - t0, meta)
+            self.emit(
+                seq,
+                kind,
+                name,
+                key,
+                st.parent,
+                site,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                side_effect,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
             raise
-        self._respond(result, st, seq, kind, name, key, site, req, side_effect, started,
-                      time.perf_counter_ns() - t0, meta)
+        finally:
+            _STATE.reset(token)
+        self._respond(
+            result,
+            st,
+            seq,
+            kind,
+            name,
+            key,
+            site,
+            req,
+            side_effect,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
         return result
 
-    async def acall(self, st: State, kind: str, name: str, fn: Callable[..., Awaitable[Any]],
-                    args: tuple[Any, ...], kwargs: Mapping[str, Any], request: Any,
-                    side_effect: bool, meta: dict[str, Any] | None, site: str | None) -> Any:
+    async def acall(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        request: Any,
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
-        req = self._request(request, name, seq)
+        return await self.alive_call(
+            st,
+            seq,
+            key,
+            self._request(request, name, seq),
+            kind,
+            name,
+            fn,
+            args,
+            kwargs,
+            side_effect,
+            meta,
+            site,
+        )
+
+    async def alive_call(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        req: bytes,
+        kind: str,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
+        """Await the real call for step ``seq`` and record it."""
         started = time.time()
         t0 = time.perf_counter_ns()
+        token = _STATE.set(None)
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            self.emit(seq, kind, name, key, st.parent, site, req, None, False, encode_error(exc),
-                      side_effect, started, time.perf_counter_ns() - t0, meta)
+            self.emit(
+                seq,
+                kind,
+                name,
+                key,
+                st.parent,
+                site,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                side_effect,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
             raise
-        self._respond(result, st, seq, kind, name, key, site, req, side_effect, started,
-                      time.perf_counter_ns() - t0, meta)
+        finally:
+            _STATE.reset(token)
+        self._respond(
+            result,
+            st,
+            seq,
+            kind,
+            name,
+            key,
+            site,
+            req,
+            side_effect,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
         return result
 
     def _request(self, request: Any, name: str, seq: int) -> bytes:
@@ -307,76 +532,252 @@ class RecordRun(RunContext):
         except UnencodableError as exc:
             raise _serialization_error(f"the request of {name!r}", exc, seq) from None
 
-    def _respond(self, result: Any, st: State, seq: int, kind: str, name: str, key: str,
-                 site: str | None, req: bytes, side_effect: bool, started: float, dur: int,
-                 meta: dict[str, Any] | None) -> None:
+    def _respond(
+        self,
+        result: Any,
+        st: State,
+        seq: int,
+        kind: str,
+        name: str,
+        key: str,
+        site: str | None,
+        req: bytes,
+        side_effect: bool,
+        started: float,
+        dur: int,
+        meta: dict[str, Any] | None,
+    ) -> None:
         try:
             resp, tagged = encode_value(result)
         except UnencodableError as exc:
             err = _serialization_error(f"the value returned by {kind} {name!r}", exc, seq)
-            self.emit(seq, kind, name, key, st.parent, site, req, None, False, encode_error(err),
-                      side_effect, started, dur, meta)
+            self.emit(
+                seq,
+                kind,
+                name,
+                key,
+                st.parent,
+                site,
+                req,
+                None,
+                False,
+                encode_error(err),
+                side_effect,
+                started,
+                dur,
+                meta,
+            )
             raise err from None
-        self.emit(seq, kind, name, key, st.parent, site, req, resp, tagged, None, side_effect,
-                  started, dur, meta)
+        self.emit(
+            seq,
+            kind,
+            name,
+            key,
+            st.parent,
+            site,
+            req,
+            resp,
+            tagged,
+            None,
+            side_effect,
+            started,
+            dur,
+            meta,
+        )
 
-    def emit(self, seq: int, kind: str, name: str, key: str | None, parent: int | None,
-             site: str | None, req: bytes, resp: bytes | None, tagged: bool, err: bytes | None,
-             side_effect: bool, started: float, dur: int, meta: dict[str, Any] | None) -> None:
+    def emit(
+        self,
+        seq: int,
+        kind: str,
+        name: str,
+        key: str | None,
+        parent: int | None,
+        site: str | None,
+        req: bytes,
+        resp: bytes | None,
+        tagged: bool,
+        err: bytes | None,
+        side_effect: bool,
+        started: float,
+        dur: int,
+        meta: dict[str, Any] | None,
+    ) -> None:
         """Hand one finished event to the writer."""
-        self.writer.event((self.run_id, seq, kind, name, key, parent, site, req, resp, tagged, err,
-                           side_effect, started, dur, meta), self.durable)
+        self.writer.event(
+            (
+                self.run_id,
+                seq,
+                kind,
+                name,
+                key,
+                parent,
+                site,
+                req,
+                resp,
+                tagged,
+                err,
+                side_effect,
+                started,
+                dur,
+                meta,
+            ),
+            self.durable,
+        )
 
-    def begin(self, st: State, kind: str, name: str, request: Any, side_effect: bool = False,
-              meta: dict[str, Any] | None = None, site: str | None = None) -> OpenCall:
+    def begin(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        request: Any,
+        side_effect: bool = False,
+        meta: dict[str, Any] | None = None,
+        site: str | None = None,
+    ) -> OpenCall:
         try:
             req = encode_request(request)
         except UnencodableError as exc:
             raise _serialization_error(f"the request of {name!r}", exc, None) from None
-        return _RecordingCall(self, st, kind, name, req, side_effect, meta, site)
+        return RecordingCall(self, st, kind, name, req, side_effect, meta, site)
 
     def span(self, st: State, name: str, attrs: Mapping[str, Any]) -> int | None:
         seq = next(self._seq)
-        self.emit(seq, "span", name, None, st.parent, None, encode_request(dict(attrs)), None,
-                  False, None, False, time.time(), 0, None)
+        self.emit(
+            seq,
+            "span",
+            name,
+            None,
+            st.parent,
+            None,
+            encode_request(dict(attrs)),
+            None,
+            False,
+            None,
+            False,
+            time.time(),
+            0,
+            None,
+        )
         return seq
 
     # -- child runs -----------------------------------------------------------
 
-    def subrun(self, st: State, wf: WorkflowInfo, args: tuple[Any, ...],
-               kwargs: Mapping[str, Any]) -> Any:
+    def subrun(
+        self, st: State, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
         req = self._request({"args": list(args), "kwargs": dict(kwargs)}, wf.name, seq)
         child = self.recording.start_run(wf, args, kwargs, parent=(self, seq))
+        return self.live_subrun(st, seq, key, req, wf, args, kwargs, child)
+
+    def live_subrun(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        req: bytes,
+        wf: WorkflowInfo,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        child: RecordRun,
+    ) -> Any:
+        """Run the child workflow as run ``child`` and record step ``seq`` pointing at it."""
         started, t0 = time.time(), time.perf_counter_ns()
         meta = {"child_run_id": child.run_id}
         try:
             result = self.recording.execute(child, wf, args, kwargs)
         except BaseException as exc:
-            self.emit(seq, "subrun", wf.name, key, st.parent, None, req, None, False,
-                      encode_error(exc), False, started, time.perf_counter_ns() - t0, meta)
+            self.emit(
+                seq,
+                "subrun",
+                wf.name,
+                key,
+                st.parent,
+                None,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                False,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
             raise
-        self._respond(result, st, seq, "subrun", wf.name, key, None, req, False, started,
-                      time.perf_counter_ns() - t0, meta)
+        self._respond(
+            result,
+            st,
+            seq,
+            "subrun",
+            wf.name,
+            key,
+            None,
+            req,
+            False,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
         return result
 
-    async def asubrun(self, st: State, wf: WorkflowInfo, args: tuple[Any, ...],
-                      kwargs: Mapping[str, Any]) -> Any:
+    async def asubrun(
+        self, st: State, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
         req = self._request({"args": list(args), "kwargs": dict(kwargs)}, wf.name, seq)
         child = self.recording.start_run(wf, args, kwargs, parent=(self, seq))
+        return await self.alive_subrun(st, seq, key, req, wf, args, kwargs, child)
+
+    async def alive_subrun(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        req: bytes,
+        wf: WorkflowInfo,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        child: RecordRun,
+    ) -> Any:
+        """Await the child workflow as run ``child`` and record step ``seq`` pointing at it."""
         started, t0 = time.time(), time.perf_counter_ns()
         meta = {"child_run_id": child.run_id}
         try:
             result = await self.recording.aexecute(child, wf, args, kwargs)
         except BaseException as exc:
-            self.emit(seq, "subrun", wf.name, key, st.parent, None, req, None, False,
-                      encode_error(exc), False, started, time.perf_counter_ns() - t0, meta)
+            self.emit(
+                seq,
+                "subrun",
+                wf.name,
+                key,
+                st.parent,
+                None,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                False,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
             raise
-        self._respond(result, st, seq, "subrun", wf.name, key, None, req, False, started,
-                      time.perf_counter_ns() - t0, meta)
+        self._respond(
+            result,
+            st,
+            seq,
+            "subrun",
+            wf.name,
+            key,
+            None,
+            req,
+            False,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
         return result
 
 
@@ -417,19 +818,28 @@ class Recording(Session):
     # -- context manager ------------------------------------------------------
 
     def __enter__(self) -> Recording:
+        intercept_http()
         self._tokens.append(_STATE.set(State(self, None, Lineage())))
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         _STATE.reset(self._tokens.pop())
         self.writer.flush()
 
     async def __aenter__(self) -> Recording:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         import asyncio
 
         _STATE.reset(self._tokens.pop())
@@ -444,10 +854,16 @@ class Recording(Session):
             self._env_hash = digest
         return self._env_hash
 
-    def start_run(self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any],
-                  parent: tuple[RecordRun, int] | None = None,
-                  run_id: str | None = None) -> RecordRun:
-        """Write a run's start record and return its context."""
+    def start_run(
+        self,
+        wf: WorkflowInfo,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        parent: tuple[RecordRun, int] | None = None,
+        run_id: str | None = None,
+        factory: Callable[[str, str], RecordRun] | None = None,
+    ) -> RecordRun:
+        """Write a run's start record and return its context (built by ``factory``)."""
         run_id = run_id or new_run_id()
         try:
             input_json = encode_input(args, kwargs)
@@ -474,24 +890,25 @@ class Recording(Session):
         if parent is None:
             self.run_ids.append(run_id)
         self.all_run_ids.append(run_id)
-        return RecordRun(self, run_id, root)
+        return factory(run_id, root) if factory is not None else RecordRun(self, run_id, root)
 
     def _finish(self, run: RecordRun, result: Any) -> None:
         try:
             output = encode_output(result)
         except UnencodableError as exc:
             err = _serialization_error(f"the output of run {run.run_id}", exc, None)
-            self.writer.end((run.run_id, "failed", None, encode_error(err), time.time()),
-                            self.durable)
+            self.writer.end(
+                (run.run_id, "failed", None, encode_error(err), time.time()), self.durable
+            )
             raise err from None
         self.writer.end((run.run_id, "completed", output, None, time.time()), self.durable)
 
     def _fail(self, run: RecordRun, exc: BaseException) -> None:
-        self.writer.end((run.run_id, "failed", None, encode_error(exc), time.time()),
-                        self.durable)
+        self.writer.end((run.run_id, "failed", None, encode_error(exc), time.time()), self.durable)
 
-    def execute(self, run: RecordRun, wf: WorkflowInfo, args: tuple[Any, ...],
-                kwargs: Mapping[str, Any]) -> Any:
+    def execute(
+        self, run: RecordRun, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
         token = _STATE.set(State(self, run, Lineage()))
         try:
             result = wf.fn(*args, **kwargs)
@@ -503,8 +920,12 @@ class Recording(Session):
         self._finish(run, result)
         return result
 
-    async def aexecute(self, run: RecordRun, wf: WorkflowInfo, args: tuple[Any, ...],
-                       kwargs: Mapping[str, Any]) -> Any:
+    async def aexecute(
+        self, run: RecordRun, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
+        import asyncio
+
+        install_task_factory(asyncio.get_running_loop())
         token = _STATE.set(State(self, run, Lineage()))
         try:
             result = await wf.fn(*args, **kwargs)
@@ -519,9 +940,19 @@ class Recording(Session):
     def run_root(self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         return self.execute(self.start_run(wf, args, kwargs), wf, args, kwargs)
 
-    async def arun_root(self, wf: WorkflowInfo, args: tuple[Any, ...],
-                        kwargs: Mapping[str, Any]) -> Any:
+    async def arun_root(
+        self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
         return await self.aexecute(self.start_run(wf, args, kwargs), wf, args, kwargs)
+
+
+def intercept_http() -> None:
+    """Route the HTTP clients already imported (httpx, httpx2 and the SDKs on them)
+    through the recording seam; it acts only while a run is active."""
+    if "httpx2" in sys.modules or "httpx" in sys.modules:
+        from replayable.integrations.http import install
+
+        install()
 
 
 def call_site(depth: int) -> str | None:

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from replayable.capture.config import settings
 from replayable.errors import StoreError
-from replayable.events.canonical import Redactor, chain_hash, fingerprint, genesis_hash
+from replayable.events.canonical import (
+    Redactor,
+    canonical,
+    chain_hash,
+    fingerprint,
+    genesis_hash,
+    run_seal,
+)
 from replayable.events.model import SCHEMA_VERSION, Event, RunEnd, RunStart
 
 if TYPE_CHECKING:
@@ -31,8 +38,21 @@ __all__ = ["PendingEvent", "Writer", "writer_for"]
 #: request bytes, response bytes | None, tagged, error bytes | None,
 #: side_effect, started_at, duration_ns, metadata | None)
 PendingEvent = tuple[
-    str, int, str, str, "str | None", "int | None", "str | None", bytes, "bytes | None", bool,
-    "bytes | None", bool, float, int, "dict[str, Any] | None",
+    str,
+    int,
+    str,
+    str,
+    "str | None",
+    "int | None",
+    "str | None",
+    bytes,
+    "bytes | None",
+    bool,
+    "bytes | None",
+    bool,
+    float,
+    int,
+    "dict[str, Any] | None",
 ]
 
 _EVENT, _START, _END, _BLOB, _MARK = range(5)
@@ -74,6 +94,7 @@ class Writer:
         self._queue: collections.deque[tuple[int, Any, _Waiter | None]] = collections.deque()
         self._wake = threading.Event()
         self._chains: dict[str, _Chain] = {}
+        self._starts: dict[str, RunStart] = {}
         self._closed = False
         self.last_error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="replayable-writer", daemon=True)
@@ -170,7 +191,9 @@ class Writer:
             if kind == _EVENT:
                 events.append(self._build_event(item, chains))
             elif kind == _START:
-                starts.append(self._redact_start(item))
+                start = self._redact_start(item)
+                self._starts[start.run_id] = start
+                starts.append(start)
             elif kind == _END:
                 ends.append(self._build_end(item, chains))
             elif kind == _BLOB:
@@ -192,8 +215,23 @@ class Writer:
         return chain
 
     def _build_event(self, p: PendingEvent, chains: dict[str, _Chain]) -> Event:
-        (run_id, seq, kind, name, key, parent, call_site, req, resp, tagged, err,
-         side_effect, started_at, duration_ns, meta) = p
+        (
+            run_id,
+            seq,
+            kind,
+            name,
+            key,
+            parent,
+            call_site,
+            req,
+            resp,
+            tagged,
+            err,
+            side_effect,
+            started_at,
+            duration_ns,
+            meta,
+        ) = p
         redact = self.redactor.redact_bytes
         req = redact(req)
         request = req.decode()
@@ -206,14 +244,46 @@ class Writer:
         prev = chain.head
         digest = chain_hash(
             prev,
-            (run_id, seq, chain.count, kind, name, key, parent, call_site, request, fp, response,
-             encoding, error, side_effect, started_at, duration_ns, metadata, SCHEMA_VERSION),
+            (
+                run_id,
+                seq,
+                chain.count,
+                kind,
+                name,
+                key,
+                parent,
+                call_site,
+                request,
+                fp,
+                response,
+                encoding,
+                error,
+                side_effect,
+                started_at,
+                duration_ns,
+                metadata,
+                SCHEMA_VERSION,
+            ),
         )
         event = Event(
-            run_id=run_id, seq=seq, kind=kind, name=name, key=key, parent=parent,
-            call_site=call_site, request=request, fingerprint=fp, response=response,
-            encoding=encoding, error=error, side_effect=side_effect, started_at=started_at,
-            duration_ns=duration_ns, metadata=metadata, chain_index=chain.count, prev_hash=prev,
+            run_id=run_id,
+            seq=seq,
+            kind=kind,
+            name=name,
+            key=key,
+            parent=parent,
+            call_site=call_site,
+            request=request,
+            fingerprint=fp,
+            response=response,
+            encoding=encoding,
+            error=error,
+            side_effect=side_effect,
+            started_at=started_at,
+            duration_ns=duration_ns,
+            metadata=metadata,
+            chain_index=chain.count,
+            prev_hash=prev,
             hash=digest,
         )
         chain.count += 1
@@ -222,11 +292,19 @@ class Writer:
 
     def _redact_start(self, start: RunStart) -> RunStart:
         redacted = self.redactor.redact_bytes(start.input.encode()).decode()
-        if redacted == start.input:
+        # Run metadata is stored and indexed as given, so a secret in it (an
+        # ``api_key`` tag) must be caught here like one in the input.
+        metadata = start.metadata
+        try:
+            if metadata and self.redactor.needs_redaction(canonical(metadata)):
+                metadata = self.redactor(metadata)
+        except TypeError:
+            pass  # not JSON: the store refuses it with its own error
+        if redacted == start.input and metadata is start.metadata:
             return start
         import msgspec
 
-        return msgspec.structs.replace(start, input=redacted)
+        return msgspec.structs.replace(start, input=redacted, metadata=metadata)
 
     def _build_end(
         self, item: tuple[str, str, bytes | None, bytes | None, float], chains: dict[str, _Chain]
@@ -234,14 +312,17 @@ class Writer:
         run_id, status, output, error, ended_at = item
         chain = self._chain(run_id, chains)
         redact = self.redactor.redact_bytes
+        out = None if output is None else redact(output).decode()
+        err = None if error is None else redact(error).decode()
+        start = self._starts.pop(run_id, None) or self.store.get_run(run_id).start
         return RunEnd(
             run_id=run_id,
             status=status,  # type: ignore[arg-type]
-            output=None if output is None else redact(output).decode(),
-            error=None if error is None else redact(error).decode(),
+            output=out,
+            error=err,
             ended_at=ended_at,
             event_count=chain.count,
-            last_hash=chain.head,
+            last_hash=run_seal(chain.head, start, status, out, err, ended_at, chain.count),
         )
 
     def close(self) -> None:

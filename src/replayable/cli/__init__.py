@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from replayable.cli import db as _db
+from replayable.cli import query as _query
 from replayable.cli._context import CliState, ReplayableGroup
 from replayable.cli._inspect import runs, show, verify
 from replayable.cli._replay import demo, replay
@@ -52,6 +54,8 @@ app.command("runs")(runs)
 app.command("show")(show)
 app.command("replay")(replay)
 app.command("verify")(verify)
+_db.register(app)
+_query.register(app)
 
 
 def main() -> None:

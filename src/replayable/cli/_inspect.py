@@ -11,7 +11,8 @@ from rich.text import Text
 
 from replayable.cli._context import fail, state, stdout
 from replayable.cli._options import parse_meta, parse_status, parse_when
-from replayable.cli.render import event_to_dict, run_header, run_to_dict, runs_table, timeline
+from replayable.cli.jsonview import event_to_dict, run_to_dict
+from replayable.cli.render import run_header, runs_table, timeline
 from replayable.events.model import Run
 from replayable.store import ChainReport, EventStore, RunFilter, verify_run
 
@@ -74,8 +75,9 @@ def runs(
 def show(
     ctx: typer.Context,
     run: Annotated[str, typer.Argument(help="Run id or a unique prefix of one.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the run and its events as JSON.")]
-    = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the run and its events as JSON.")
+    ] = False,
 ) -> None:
     """Show a run: its header, then every recorded event in order."""
     store = state(ctx).store()
@@ -85,8 +87,7 @@ def show(
     if as_json:
         _print_json(
             {
-                "run": run_to_dict(record, event_count=len(events), detail=True,
-                                   children=children),
+                "run": run_to_dict(record, event_count=len(events), detail=True, children=children),
                 "events": [event_to_dict(e) for e in events],
             }
         )
@@ -94,7 +95,7 @@ def show(
     console = stdout()
     console.print(run_header(record, children))
     console.print()
-    console.print(timeline(events, title=f"{len(events)} events"))
+    console.print(timeline(events, title=f"{len(events)} event{'' if len(events) == 1 else 's'}"))
 
 
 def _report_line(report: ChainReport) -> Text:
@@ -127,11 +128,18 @@ def verify(
                 bar.advance(task)
     broken = [r for r in reports if not r.ok]
     if as_json:
-        _print_json([
-            {"run_id": r.run_id, "ok": r.ok, "events_checked": r.events_checked,
-             "first_bad_seq": r.first_bad_seq, "reason": r.reason or None}
-            for r in reports
-        ])
+        _print_json(
+            [
+                {
+                    "run_id": r.run_id,
+                    "ok": r.ok,
+                    "events_checked": r.events_checked,
+                    "first_bad_seq": r.first_bad_seq,
+                    "reason": r.reason or None,
+                }
+                for r in reports
+            ]
+        )
     else:
         # A long --all listing shows only the broken runs and a total.
         shown = reports if len(reports) <= 50 else broken
@@ -139,8 +147,6 @@ def verify(
             console.print(_report_line(report))
         if all_runs:
             style = "red" if broken else "green"
-            console.print(
-                f"{len(reports)} runs checked, {len(broken)} broken", style=style
-            )
+            console.print(f"{len(reports)} runs checked, {len(broken)} broken", style=style)
     if broken:
         raise typer.Exit(1)

@@ -48,38 +48,54 @@ def replay(
     store = state(ctx).store()
     run_id = store.resolve(run)
     _importable(Path.cwd())
+    examples = find_examples()
+    if examples is not None and str(examples) not in sys.path:
+        # Last on the path: the bundled demo's agent imports, and shadows nothing.
+        sys.path.append(str(examples))
     try:
         result = replayable.replay(run_id, store=store, strict=strict)
     except ReplayDivergenceError as exc:
         if as_json:
-            typer.echo(_json_text({"run_id": run_id, "status": "diverged",
-                                   "divergence": exc.divergence.to_dict()}))
+            typer.echo(
+                _json_text(
+                    {"run_id": run_id, "status": "diverged", "divergence": exc.divergence.to_dict()}
+                )
+            )
         else:
             stdout().print(Text("diverged", style="yellow"), Panel(exc.divergence.message))
         raise typer.Exit(1) from None
     error = result.error
     if as_json:
-        typer.echo(_json_text({
-            "run_id": result.run_id,
-            "status": result.status,
-            "events_served": result.events_served,
-            "output": result.output,
-            "error": None if error is None else {"type": type(error).__name__,
-                                                 "message": str(error)},
-            "divergence": None if result.divergence is None else result.divergence.to_dict(),
-        }))
+        typer.echo(
+            _json_text(
+                {
+                    "run_id": result.run_id,
+                    "status": result.status,
+                    "events_served": result.events_served,
+                    "output": result.output,
+                    "error": None
+                    if error is None
+                    else {"type": type(error).__name__, "message": str(error)},
+                    "divergence": None
+                    if result.divergence is None
+                    else result.divergence.to_dict(),
+                }
+            )
+        )
     else:
         console = stdout()
-        console.print(Text.assemble("replay of ", (result.run_id, "cyan"), ": ",
-                                    status_text(result.status)))
+        console.print(
+            Text.assemble("replay of ", (result.run_id, "cyan"), ": ", status_text(result.status))
+        )
         console.print(f"events served: {result.events_served}")
         if error is not None:
             console.print(Text(f"raised {type(error).__name__}: {error}", style="red"))
-        else:
-            console.print("output:", _json_text(result.output), markup=False)
+        elif result.divergence is None:
+            console.print("output:", _json_text(result.output), markup=False, soft_wrap=True)
         if result.divergence is not None:
-            console.print(Panel(result.divergence.message, title="divergence",
-                                border_style="yellow"))
+            console.print(
+                Panel(result.divergence.message, title="divergence", border_style="yellow")
+            )
     if result.status != "identical":
         raise typer.Exit(1)
 
@@ -90,8 +106,10 @@ def find_examples() -> Path | None:
     Looked for under the current directory, then beside the package source
     (an editable install of the repository).
     """
-    candidates = [Path.cwd() / "examples",
-                  Path(replayable.__file__).resolve().parents[2] / "examples"]
+    candidates = [
+        Path.cwd() / "examples",
+        Path(replayable.__file__).resolve().parents[2] / "examples",
+    ]
     for folder in candidates:
         if (folder / "contract_review" / "demo.py").is_file():
             return folder
@@ -105,7 +123,8 @@ def demo(
 ) -> None:
     """Record, re-run, replay and verify a contract-review agent that fails silently.
 
-    Uses ``sqlite:///./.replayable/demo.db`` unless ``--store`` is given.
+    Uses ``sqlite:///./.replayable/demo.db`` unless ``--store`` (or
+    ``$REPLAYABLE_STORE``) names another store.
     """
     folder = find_examples()
     if folder is None:

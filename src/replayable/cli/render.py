@@ -7,7 +7,7 @@ nothing prints, so the CLI and the demo compose the same pieces.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -21,14 +21,14 @@ from replayable.events.model import Event, Run
 
 __all__ = [
     "STATUS_STYLES",
+    "decoded",
     "event_parts",
     "event_summary",
-    "event_to_dict",
     "format_duration",
     "format_time",
     "plain",
+    "run_duration",
     "run_header",
-    "run_to_dict",
     "runs_table",
     "short_ids",
     "short_value",
@@ -139,10 +139,16 @@ def _completion_text(value: Any) -> str | None:
     return short_value(content, 48) if content is not None else "empty message"
 
 
+def _type_name(error: Mapping[str, Any]) -> str:
+    """``ValueError`` for a builtin, ``module:Name`` for anything else."""
+    name = str(error.get("type", "?"))
+    return name.removeprefix("builtins:")
+
+
 def _result(event: Event) -> tuple[str, bool]:
     err = event.error_value()
     if err is not None:
-        return f"raised {err.get('type', '?').rpartition(':')[2]}: {err.get('message', '')}", True
+        return f"raised {_type_name(err)}: {err.get('message', '')}", True
     if event.response is None:
         return "(no response)", False
     value = plain(event.response_tree())
@@ -195,8 +201,9 @@ class _Call:
         return Measurement(min(full, 24), full)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield Text(self._fit(options.max_width), style=self.style, no_wrap=True,
-                   overflow="ellipsis")
+        yield Text(
+            self._fit(options.max_width), style=self.style, no_wrap=True, overflow="ellipsis"
+        )
 
 
 # -- times --------------------------------------------------------------------
@@ -226,7 +233,8 @@ def format_duration(seconds: float | None) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
-def _run_duration(run: Run) -> float | None:
+def run_duration(run: Run) -> float | None:
+    """Seconds from start to end; ``None`` while the run has no end record."""
     return None if run.ended_at is None else run.ended_at - run.started_at
 
 
@@ -254,8 +262,8 @@ def short_ids(run_ids: Sequence[str], minimum: int = 8) -> dict[str, str]:
 
 def runs_table(runs: Sequence[Run], counts: Mapping[str, int | None], *, full: bool) -> Table:
     """The ``runs`` listing: newest first, one row per run."""
-    ids = {r.run_id: r.run_id for r in runs} if full else short_ids([r.run_id for r in runs])
-    parents = short_ids([r.parent_run_id for r in runs if r.parent_run_id])
+    every = [r.run_id for r in runs] + [r.parent_run_id for r in runs if r.parent_run_id]
+    ids = {r: r for r in every} if full else short_ids(every)
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     table.add_column("run", no_wrap=True, style="cyan")
     table.add_column("workflow", no_wrap=True)
@@ -272,14 +280,15 @@ def runs_table(runs: Sequence[Run], counts: Mapping[str, int | None], *, full: b
             run.workflow,
             status_text(run.status),
             format_time(run.started_at),
-            format_duration(_run_duration(run)),
+            format_duration(run_duration(run)),
             "—" if count is None else str(count),
-            f"↳ {parents.get(parent, parent)}" if parent else "",
+            f"↳ {ids[parent]}" if parent else "",
         )
     return table
 
 
-def _loads(text: str | None) -> Any:
+def decoded(text: str | None) -> Any:
+    """A stored JSON text as a plain value, type tags removed."""
     return None if text is None else plain(orjson.loads(text))
 
 
@@ -295,14 +304,16 @@ def run_header(run: Run, children: Sequence[Run] = ()) -> Table:
     grid.add_row("status", status_text(run.status))
     grid.add_row("started", format_time(s.started_at))
     if run.ended_at is not None:
-        grid.add_row("ended", f"{format_time(run.ended_at)}  ({format_duration(_run_duration(run))})")
+        grid.add_row(
+            "ended", f"{format_time(run.ended_at)}  ({format_duration(run_duration(run))})"
+        )
     grid.add_row("tenant", s.tenant or "—")
     grid.add_row("input", _input_text(s.input))
     if run.end is not None and run.end.output is not None:
-        grid.add_row("output", short_value(_loads(run.end.output), 100))
+        grid.add_row("output", short_value(decoded(run.end.output), 100))
     if run.end is not None and run.end.error is not None:
-        err = _loads(run.end.error) or {}
-        grid.add_row("error", Text(f"{err.get('type', '?')}: {err.get('message', '')}", style="red"))
+        err = decoded(run.end.error) or {}
+        grid.add_row("error", Text(f"{_type_name(err)}: {err.get('message', '')}", style="red"))
     grid.add_row("metadata", _pairs(s.metadata))
     grid.add_row("code", _pairs(s.code))
     if s.env_hash:
@@ -314,12 +325,14 @@ def run_header(run: Run, children: Sequence[Run] = ()) -> Table:
         grid.add_row("root", s.root_run_id)
     grid.add_row("lineage", _pairs(s.lineage))
     if children:
-        grid.add_row("children", "\n".join(f"{c.run_id}  {c.workflow}  {c.status}" for c in children))
+        grid.add_row(
+            "children", "\n".join(f"{c.run_id}  {c.workflow}  {c.status}" for c in children)
+        )
     return grid
 
 
 def _input_text(encoded: str) -> str:
-    tree = _loads(encoded)
+    tree = decoded(encoded)
     if isinstance(tree, dict) and set(tree) <= {"args", "kwargs"}:
         return f"({_call_args(tree)})"
     return short_value(tree, 100)
@@ -379,69 +392,3 @@ def timeline(events: Sequence[Event], *, title: str | None = None) -> Renderable
         note = Text("* side-effect tool: faked from the tape on replay", style="dim magenta")
         return Group(table, note)
     return table
-
-
-# -- JSON ---------------------------------------------------------------------
-
-
-def _iso(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat()
-
-
-def run_to_dict(run: Run, *, event_count: int | None = None, detail: bool = False,
-                children: Iterable[Run] = ()) -> dict[str, Any]:
-    """A run as plain JSON with stable keys; ``detail`` adds input, output, code and lineage."""
-    s = run.start
-    out: dict[str, Any] = {
-        "run_id": s.run_id,
-        "workflow": s.workflow,
-        "entrypoint": s.entrypoint,
-        "status": run.status,
-        "started_at": _iso(s.started_at),
-        "ended_at": _iso(run.ended_at),
-        "duration_s": _run_duration(run),
-        "event_count": event_count,
-        "parent_run_id": s.parent_run_id,
-        "tenant": s.tenant,
-        "metadata": s.metadata,
-    }
-    if detail:
-        out.update(
-            parent_seq=s.parent_seq,
-            root_run_id=s.root_run_id,
-            input=_loads(s.input),
-            output=_loads(run.end.output) if run.end else None,
-            error=_loads(run.end.error) if run.end else None,
-            code=s.code,
-            env_hash=s.env_hash,
-            lineage=s.lineage,
-            last_hash=run.end.last_hash if run.end else None,
-            children=[c.run_id for c in children],
-        )
-    return out
-
-
-def event_to_dict(event: Event) -> dict[str, Any]:
-    """An event as plain JSON; payloads are parsed, type tags kept as stored."""
-    return {
-        "seq": event.seq,
-        "kind": event.kind,
-        "name": event.name,
-        "key": event.key,
-        "parent": event.parent,
-        "call_site": event.call_site,
-        "side_effect": event.side_effect,
-        "started_at": _iso(event.started_at),
-        "duration_ns": event.duration_ns,
-        "request": event.request_value(),
-        "response": event.response_tree(),
-        "encoding": event.encoding,
-        "error": event.error_value(),
-        "fingerprint": event.fingerprint,
-        "metadata": event.metadata,
-        "chain_index": event.chain_index,
-        "prev_hash": event.prev_hash,
-        "hash": event.hash,
-    }

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 if TYPE_CHECKING:
-    from replayable.events.model import Event
+    from replayable.events.model import Event, RunStart
 
 __all__ = [
     "REDACTED",
@@ -26,6 +26,7 @@ __all__ = [
     "event_hash",
     "fingerprint",
     "genesis_hash",
+    "run_seal",
 ]
 
 REDACTED: Final = "[REDACTED]"
@@ -177,6 +178,22 @@ def event_hash(event: Event) -> str:
             event.metadata,
             event.schema_version,
         ),
+    )
+
+
+def run_seal(head: str, start: RunStart, status: str, output: str | None, error: str | None,
+             ended_at: float, event_count: int) -> str:
+    """The end record's ``last_hash``: the chain head hashed with the run's start and end.
+
+    It makes the run records tamper-evident too: editing a finished run's input,
+    metadata, outcome or event count breaks the seal.
+    """
+    return chain_hash(
+        head,
+        ("run-seal", start.run_id, start.workflow, start.entrypoint, start.parent_run_id,
+         start.parent_seq, start.root_run_id, start.tenant, start.input, start.metadata,
+         start.code, start.env_hash, start.lineage, start.started_at, start.schema_version,
+         status, output, error, ended_at, event_count),
     )
 
 

@@ -110,7 +110,11 @@ class RunStart(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunEnd(msgspec.Struct, frozen=True, kw_only=True):
-    """Written when a run finishes: its outcome and the head of its hash chain."""
+    """Written when a run finishes: its outcome and its seal.
+
+    ``last_hash`` seals the run: the head of its event chain hashed together
+    with the start record and this record's fields (see ``run_seal``).
+    """
 
     run_id: str
     status: Literal["completed", "failed"]

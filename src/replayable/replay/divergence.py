@@ -17,6 +17,7 @@ DivergenceReason = Literal[
     "tape_exhausted",
     "calls_not_asked",
     "output_changed",
+    "side_effect_blocked",
 ]
 
 _MISSING = "<missing>"
@@ -59,28 +60,34 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
         """A vcrpy-style explanation, several lines long."""
         lines = [self._headline()]
         if self.actual is not None:
-            lines.append(f"  asked:    {self.actual.kind} {self.actual.name}"
-                         f"({_short(self.actual.request)})")
+            lines.append(
+                f"  asked:    {self.actual.kind} {self.actual.name}({_short(self.actual.request)})"
+            )
             if self.actual.call_site:
                 lines.append(f"  at:       {self.actual.call_site}")
         shown = self.expected or self.nearest
         if shown is not None:
             label = "recorded" if self.expected is not None else "nearest"
-            lines.append(f"  {label}: step {shown.seq}: {shown.kind} {shown.name}"
-                         f"({_short(shown.request_value())})")
+            lines.append(
+                f"  {label}: step {shown.seq}: {shown.kind} {shown.name}"
+                f"({_short(shown.request_value())})"
+            )
             if shown.call_site and self.actual is None:
                 lines.append(f"  at:       {shown.call_site}")
         if self.diff:
             lines.append("  fields that differ:")
             for d in self.diff[:10]:
-                lines.append(f"    {d.path or '(value)'}: recorded {_short(d.expected)}, "
-                             f"now {_short(d.actual)}")
+                lines.append(
+                    f"    {d.path or '(value)'}: recorded {_short(d.expected)}, "
+                    f"now {_short(d.actual)}"
+                )
             if len(self.diff) > 10:
                 lines.append(f"    … and {len(self.diff) - 10} more")
         if self.unasked:
             seqs = ", ".join(str(s) for s in self.unasked[:10])
-            lines.append(f"  recorded steps never asked: {seqs}"
-                         + (" …" if len(self.unasked) > 10 else ""))
+            lines.append(
+                f"  recorded steps never asked: {seqs}" + (" …" if len(self.unasked) > 10 else "")
+            )
         return "\n".join(lines)
 
     def _headline(self) -> str:
@@ -89,12 +96,20 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
             return f"replay diverged at {at}: the request changed"
         if self.reason == "unexpected_call":
             if self.expected is not None:
-                return (f"replay diverged at {at}: the code called "
-                        f"{self.actual.kind + ' ' + self.actual.name if self.actual else '?'} "
-                        f"where the recording has {self.expected.kind} {self.expected.name}")
+                return (
+                    f"replay diverged at {at}: the code called "
+                    f"{self.actual.kind + ' ' + self.actual.name if self.actual else '?'} "
+                    f"where the recording has {self.expected.kind} {self.expected.name}"
+                )
             return f"replay diverged at {at}: a call the recording does not hold"
         if self.reason == "tape_exhausted":
             return f"replay diverged at {at}: the recording has no more events"
+        if self.reason == "side_effect_blocked":
+            return (
+                f"replay stopped at {at}: side effect blocked — "
+                f"{self.actual.name if self.actual else 'a tool'} would change the world "
+                "with a request the recording does not hold (name it in allow_live to run it)"
+            )
         if self.reason == "calls_not_asked":
             return f"replay diverged at {at}: recorded calls were never asked for"
         return "replay diverged: the run's output differs from the recorded output"

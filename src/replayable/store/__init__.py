@@ -17,7 +17,8 @@ DEFAULT_STORE_URL = "sqlite:///./.replayable/runs.db"
 
 
 def open_store(url: str | EventStore | None = None) -> EventStore:
-    """Open a store by URL: ``sqlite:///path``, ``memory://`` or ``memory://name``.
+    """Open a store by URL: ``sqlite:///path``, ``memory://``, ``memory://name`` or
+    ``postgresql://user@host:port/db?tenant=…&schema=…``.
 
     With no URL, ``$REPLAYABLE_STORE`` is used, else ``sqlite:///./.replayable/runs.db``.
     A relative SQLite path is taken from the current directory.
@@ -39,6 +40,11 @@ def open_store(url: str | EventStore | None = None) -> EventStore:
         if not path:
             raise ConfigurationError(f"store URL {url!r} names no database file")
         return SQLiteStore(Path(path) if path == ":memory:" else Path(path))
+    if scheme in ("postgresql", "postgresql+psycopg"):
+        from replayable.store.postgres import PostgresStore
+
+        return PostgresStore(url)
     raise ConfigurationError(
-        f"unknown store scheme {scheme!r} in {url!r}; expected sqlite:// or memory://"
+        f"unknown store scheme {scheme!r} in {url!r}; "
+        "expected sqlite://, memory:// or postgresql://"
     )

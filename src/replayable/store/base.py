@@ -14,6 +14,7 @@ from typing import Any
 
 from replayable.errors import AmbiguousRunIdError, RunNotFoundError
 from replayable.events.model import Event, Run, RunEnd, RunStart, RunStatus
+from replayable.store.search import EventQuery, SearchPage, search_in_python
 
 __all__ = ["EventStore", "RunFilter"]
 
@@ -60,7 +61,18 @@ class RunFilter:
             return False
         if self.roots_only and s.parent_run_id is not None:
             return False
-        return all(tag_value(s.metadata.get(k)) == tag_value(v) for k, v in self.metadata.items())
+        return all(_tag_matches(s.metadata, k, v) for k, v in self.metadata.items())
+
+
+def _tag_matches(metadata: Mapping[str, Any], key: str, wanted: Any) -> bool:
+    # As the indexed backends do: the key must be present (``None`` matches a null
+    # value, not a missing key) and nested values are not tags, so never match.
+    if key not in metadata:
+        return False
+    value = metadata[key]
+    if isinstance(value, dict | list) or isinstance(wanted, dict | list):
+        return False
+    return tag_value(value) == tag_value(wanted)
 
 
 def tag_value(value: Any) -> str | None:
@@ -117,6 +129,13 @@ class EventStore(ABC):
     @abstractmethod
     def iter_run_ids(self) -> Iterator[str]:
         """Every run id, oldest first."""
+
+    def search(self, query: EventQuery) -> SearchPage:
+        """Runs with events matching ``query``, newest first, each with its matching steps.
+
+        Backends may answer in their query language; this default evaluates in Python.
+        """
+        return search_in_python(self, query)
 
     def close(self) -> None:
         """Flush pending writes and release connections; the store is unusable afterwards."""

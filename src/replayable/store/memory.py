@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from typing import ClassVar
 
 from replayable.errors import AppendOnlyError, RunNotFoundError
 from replayable.events.model import Event, Run, RunEnd, RunStart
@@ -15,8 +16,8 @@ __all__ = ["MemoryStore"]
 class MemoryStore(EventStore):
     """Keeps everything in dicts; ``memory://name`` stores of one name are shared in a process."""
 
-    _named: dict[str, MemoryStore] = {}
-    _named_lock = threading.Lock()
+    _named: ClassVar[dict[str, MemoryStore]] = {}
+    _named_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
@@ -44,16 +45,23 @@ class MemoryStore(EventStore):
         durable: bool = False,
     ) -> None:
         with self._lock:
-            # Check the whole batch first so that a refused batch writes nothing.
+            # Check the whole batch first, against the store and against itself
+            # (as a database's unique keys do), so that a refused batch writes nothing.
+            new_starts: set[str] = set()
             for s in starts:
-                if s.run_id in self._starts:
+                if s.run_id in self._starts or s.run_id in new_starts:
                     raise AppendOnlyError(f"run {s.run_id} already has a start record")
+                new_starts.add(s.run_id)
+            new_events: set[tuple[str, int]] = set()
             for e in events:
-                if e.seq in self._events.get(e.run_id, {}):
+                if e.seq in self._events.get(e.run_id, {}) or (e.run_id, e.seq) in new_events:
                     raise AppendOnlyError(f"event {e.run_id}#{e.seq} is already recorded")
+                new_events.add((e.run_id, e.seq))
+            new_ends: set[str] = set()
             for end in ends:
-                if end.run_id in self._ends:
+                if end.run_id in self._ends or end.run_id in new_ends:
                     raise AppendOnlyError(f"run {end.run_id} already has an end record")
+                new_ends.add(end.run_id)
             for s in starts:
                 self._starts[s.run_id] = s
             for e in events:

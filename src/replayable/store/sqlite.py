@@ -72,6 +72,23 @@ _RUN_COLS = ("run_id, workflow, entrypoint, parent_run_id, parent_seq, root_run_
 _END_COLS = "run_id, status, output, error, ended_at, event_count, last_hash, schema_version"
 
 
+# run_tags is WITHOUT ROWID, so its key columns cannot hold NULL: a null metadata
+# value is tagged with this text, which no other value's text form can equal.
+_NULL_TAG = "\x00null"
+
+
+def _tag(value: Any) -> str:
+    text = tag_value(value)
+    return _NULL_TAG if text is None else text
+
+
+def _parse_version(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
 def _dumps(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
@@ -90,12 +107,18 @@ class SQLiteStore(EventStore):
                 raise StoreError(f"cannot create the directory for {self.url}: {exc}") from exc
         self._write_lock = threading.Lock()
         self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
         self._conn = self._connect()
-        self._init_schema()
+        try:
+            self._init_schema()
+        except BaseException:
+            self._conn.close()
+            raise
 
     # -- connections -----------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(
                 str(self.path), check_same_thread=False, isolation_level=None, timeout=30.0
@@ -105,6 +128,8 @@ class SQLiteStore(EventStore):
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=OFF")
         except sqlite3.DatabaseError as exc:
+            if conn is not None:
+                conn.close()
             raise StoreError(f"{self.url} is not a usable replayable database: {exc}") from exc
         return conn
 
@@ -114,6 +139,8 @@ class SQLiteStore(EventStore):
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = self._connect()
+            with self._write_lock:
+                self._readers.append(conn)
         return conn
 
     def _init_schema(self) -> None:
@@ -121,18 +148,24 @@ class SQLiteStore(EventStore):
             with self._write_lock:
                 c = self._conn
                 c.execute("BEGIN IMMEDIATE")
+                # Read the version before touching anything else: a newer schema may
+                # have changed the tables our CREATE statements refer to.
+                c.execute("CREATE TABLE IF NOT EXISTS meta "
+                          "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                if row is not None:
+                    version = _parse_version(row[0])
+                    if version is None or version > _DB_VERSION:
+                        c.execute("ROLLBACK")
+                        raise SchemaVersionError(
+                            f"{self.url} has schema version {row[0]}; this replayable reads "
+                            f"up to {_DB_VERSION}. Upgrade replayable."
+                        )
                 for stmt in (_SCHEMA + _triggers()).split(";\n"):
                     if stmt.strip():
                         c.execute(stmt)
-                row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 if row is None:
                     c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(_DB_VERSION),))
-                elif int(row[0]) > _DB_VERSION:
-                    c.execute("ROLLBACK")
-                    raise SchemaVersionError(
-                        f"{self.url} has schema version {row[0]}; this replayable reads up to "
-                        f"{_DB_VERSION}. Upgrade replayable."
-                    )
                 c.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.url} is not a usable replayable database: {exc}") from exc
@@ -154,7 +187,7 @@ class SQLiteStore(EventStore):
             for s in starts
         ]
         tag_rows = [
-            (k, tag_value(v), s.run_id)
+            (k, _tag(v), s.run_id)
             for s in starts
             for k, v in s.metadata.items()
             if not isinstance(v, (dict, list))
@@ -272,8 +305,11 @@ class SQLiteStore(EventStore):
         if f.roots_only:
             where.append("r.parent_run_id IS NULL")
         for k, v in f.metadata.items():
-            where.append("r.run_id IN (SELECT run_id FROM run_tags WHERE key = ? AND value IS ?)")
-            params.extend((k, tag_value(v)))
+            if isinstance(v, dict | list):  # nested values are not tagged
+                where.append("0")
+                continue
+            where.append("r.run_id IN (SELECT run_id FROM run_tags WHERE key = ? AND value = ?)")
+            params.extend((k, _tag(v)))
         sql = self._select_runs()
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -296,13 +332,15 @@ class SQLiteStore(EventStore):
         ]
 
     def iter_run_ids(self) -> Iterator[str]:
-        return iter([r[0] for r in self._query("SELECT run_id FROM runs ORDER BY started_at, run_id")])
+        rows = self._query("SELECT run_id FROM runs ORDER BY started_at, run_id")
+        return iter([r[0] for r in rows])
 
     def close(self) -> None:
         self.run_close_hooks()
         with self._write_lock:
             self._conn.close()
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
+            # Reader connections of every thread, not only the closing one.
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replayable.events.canonical import event_hash, genesis_hash
+from replayable.events.canonical import event_hash, genesis_hash, run_seal
 from replayable.store.base import EventStore
 
 __all__ = ["ChainReport", "verify_run"]
@@ -53,8 +53,15 @@ def verify_run(store: EventStore, run_id: str) -> ChainReport:
                                "content does not match its hash (the event was altered)")
         prev = event.hash
     end = run.end
-    if end is not None and (end.event_count != len(events) or end.last_hash != prev):
-        return ChainReport(run_id, False, len(events), None,
-                           f"end record expects {end.event_count} events ending in "
-                           f"{end.last_hash[:12]}, found {len(events)} ending in {prev[:12]}")
+    if end is not None:
+        if end.event_count != len(events):
+            return ChainReport(run_id, False, len(events), None,
+                               f"end record expects {end.event_count} events, found "
+                               f"{len(events)} (events were removed or added)")
+        seal = run_seal(prev, run.start, end.status, end.output, end.error, end.ended_at,
+                        end.event_count)
+        if end.last_hash != seal:
+            return ChainReport(run_id, False, len(events), None,
+                               "the run's start or end record does not match its seal "
+                               "(input, metadata, outcome or chain head was altered)")
     return ChainReport(run_id, True, len(events))

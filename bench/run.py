@@ -1,0 +1,157 @@
+"""Run the benchmarks: ``python bench/run.py [--quick] [--only NAME] [--profile]``.
+
+Prints one table per benchmark, then a summary with PASS/MISS per target, and
+writes every figure as JSON to ``.replayable/bench-results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import bench_capture
+import bench_ingest
+import bench_replay
+from harness import Config, Section, format_section
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUTPUT = ROOT / ".replayable" / "bench-results.json"
+
+BENCHMARKS: dict[str, Callable[[Config], Section]] = {
+    "capture": bench_capture.run,
+    "ingest": bench_ingest.run,
+    "replay": bench_replay.run,
+}
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def _summary(sections: list[Section], total: float) -> str:
+    lines = ["== summary =="]
+    for sec in sections:
+        for t in sec.targets:
+            value = "n/a" if t.value is None else f"{t.value:,.2f}"
+            lines.append(
+                f"  {t.verdict:<4}  {sec.name:<8} {t.name}: {value} {t.op} {t.limit:,g} {t.unit}"
+            )
+    cap = next((s for s in sections if s.name == "capture"), None)
+    if cap is not None:
+        rec = cap.data["recorded_trivial"]["median_ns"] / 1000
+        rep = cap.data["replayed_trivial"]["median_ns"] / 1000
+        peer = cap.data["peer_reference_us"]
+        lines.append(
+            f"  ref   trivial tool call: record {rec:.1f} µs (peer {peer['record']:.0f}), "
+            f"replay {rep:.1f} µs (peer {peer['replay']:.0f})"
+        )
+    missed = sum(1 for s in sections for t in s.targets if t.verdict == "MISS")
+    lines.append(
+        f"  {missed} target(s) missed; total {total:.1f} s"
+        + ("; run with --profile for where the time goes" if missed else "")
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="replayable benchmarks")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(BENCHMARKS),
+        metavar="NAME",
+        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the benchmarks, break down where the time goes",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=DEFAULT_OUTPUT,
+        help=f"JSON results file (default {DEFAULT_OUTPUT.relative_to(ROOT)})",
+    )
+    args = parser.parse_args(argv)
+    cfg = Config(quick=args.quick, profile=args.profile)
+    names = args.only or list(BENCHMARKS)
+
+    print(
+        f"replayable bench ({'quick' if cfg.quick else 'full'}): python "
+        f"{platform.python_version()}, {platform.system()} {platform.machine()}, "
+        f"{os.cpu_count()} cpus",
+        flush=True,
+    )
+    started = time.perf_counter()
+    sections: list[Section] = []
+    for name in names:
+        t0 = time.perf_counter()
+        sec = BENCHMARKS[name](cfg)
+        sec.seconds = time.perf_counter() - t0
+        sections.append(sec)
+        print("\n" + format_section(sec), flush=True)
+
+    if cfg.profile:
+        import profiling
+
+        print()
+        profiling.run(cfg, names)
+
+    total = time.perf_counter() - started
+    print("\n" + _summary(sections, total))
+
+    report: dict[str, Any] = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "mode": "quick" if cfg.quick else "full",
+        "commit": _commit(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "total_s": total,
+        "benchmarks": {
+            s.name: {
+                "title": s.title,
+                "seconds": s.seconds,
+                "targets": [t.as_dict() for t in s.targets],
+                "figures": s.data,
+            }
+            for s in sections
+        },
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"  results written to {_shown(args.output)}")
+    return 0
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""``replayable query`` and ``replayable report``: impact queries across runs.
+
+Both take the same filters; ``query`` prints the runs with their matching
+steps, ``report`` writes an audit report per affected run (JSON and Markdown:
+timeline, matching steps, lineage, chain check)::
+
+    replayable query --name query_compliance_rules --since 30d \\
+        --where 'response.rows empty' --where 'request.jurisdiction ^= GB'
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+
+from replayable.cli._context import state, stdout
+from replayable.errors import ConfigurationError
+from replayable.events.model import Event, Run
+from replayable.store import EventStore, verify_run
+from replayable.store.search import EventQuery, Predicate, SearchHit
+
+__all__ = ["build_query", "query", "register", "report", "write_report"]
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+Workflow = Annotated[str | None, typer.Option(help="Only runs of this workflow.")]
+Kind = Annotated[str | None, typer.Option(help="Event kind: llm, tool, http, …")]
+Name = Annotated[str | None, typer.Option(help="Boundary name, e.g. a tool's name.")]
+Since = Annotated[
+    str | None, typer.Option(help="Events at or after: 30d, 12h, an ISO date or Unix seconds.")
+]
+Until = Annotated[str | None, typer.Option(help="Events at or before (same forms as --since).")]
+Meta = Annotated[
+    list[str] | None, typer.Option("--meta", help="Run metadata KEY=VALUE (repeatable).")
+]
+Where = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--where",
+        "--query",
+        help="Predicate 'side.path op value' (repeatable), e.g. 'response.rows empty', "
+        "'request.jurisdiction ^= GB'.",
+    ),
+]
+
+
+def parse_time(text: str, option: str, now: float) -> float:
+    """Seconds since the epoch from ``30d``, an ISO date/time or a number."""
+    m = _RELATIVE.match(text.strip())
+    if m:
+        return now - float(m[1]) * _UNITS[m[2]]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"{option} {text!r} is not a time; use 30d, 12h, 2024-05-01 or Unix seconds"
+        ) from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def build_query(
+    *,
+    workflow: str | None,
+    kind: str | None,
+    name: str | None,
+    since: str | None,
+    until: str | None,
+    meta: list[str] | None,
+    where: list[str] | None,
+    limit: int = 50,
+    offset: int = 0,
+    now: float | None = None,
+) -> EventQuery:
+    """An :class:`EventQuery` from command-line strings (errors name the bad option)."""
+    clock = time.time() if now is None else now
+    metadata: dict[str, Any] = {}
+    for item in meta or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(f"--meta {item!r} must be KEY=VALUE")
+        metadata[key] = value
+    return EventQuery(
+        workflow=workflow,
+        kind=kind,
+        name=name,
+        since=None if since is None else parse_time(since, "--since", clock),
+        until=None if until is None else parse_time(until, "--until", clock),
+        metadata=metadata,
+        where=tuple(Predicate.parse(w) for w in where or []),
+        limit=limit,
+        offset=offset,
+    )
+
+
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def query(
+    ctx: typer.Context,
+    workflow: Workflow = None,
+    kind: Kind = None,
+    name: Name = None,
+    since: Since = None,
+    until: Until = None,
+    meta: Meta = None,
+    where: Where = None,
+    limit: Annotated[int, typer.Option(help="Runs per page.")] = 50,
+    offset: Annotated[int, typer.Option(help="Runs to skip (from a previous page).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+) -> None:
+    """Find runs whose events match: by workflow, kind, name, time, metadata and payload."""
+    q = build_query(
+        workflow=workflow,
+        kind=kind,
+        name=name,
+        since=since,
+        until=until,
+        meta=meta,
+        where=where,
+        limit=limit,
+        offset=offset,
+    )
+    page = state(ctx).store().search(q)
+    out = stdout()
+    for hit in page.hits:
+        if as_json:
+            typer.echo(
+                orjson.dumps(
+                    {
+                        "run_id": hit.run_id,
+                        "workflow": hit.run.workflow,
+                        "status": hit.run.status,
+                        "started_at": hit.run.started_at,
+                        "steps": [
+                            {"seq": e.seq, "kind": e.kind, "name": e.name} for e in hit.events
+                        ],
+                    }
+                ).decode()
+            )
+            continue
+        steps = ", ".join(f"#{e.seq} {e.kind}:{e.name}" for e in hit.events)
+        out.print(
+            f"{hit.run_id}  {hit.run.workflow:<20} {hit.run.status:<10} "
+            f"{_when(hit.run.started_at)}  {steps}",
+            markup=False,
+        )
+    if not as_json:
+        shown = f"{len(page.hits)} run(s)"
+        more = f"; more with --offset {page.next_offset}" if page.next_offset is not None else ""
+        out.print(f"{shown} (offset {page.offset}){more}", markup=False)
+
+
+def report(
+    ctx: typer.Context,
+    workflow: Workflow = None,
+    kind: Kind = None,
+    name: Name = None,
+    since: Since = None,
+    until: Until = None,
+    meta: Meta = None,
+    where: Where = None,
+    out: Annotated[Path, typer.Option("--out", help="Directory for the reports.")] = Path(
+        "replayable-reports"
+    ),
+) -> None:
+    """Write an audit report (JSON and Markdown) for every run the query matches."""
+    store = state(ctx).store()
+    q = build_query(
+        workflow=workflow,
+        kind=kind,
+        name=name,
+        since=since,
+        until=until,
+        meta=meta,
+        where=where,
+        limit=200,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    written = 0
+    offset: int | None = 0
+    while offset is not None:
+        page = store.search(q.page(offset))
+        for hit in page.hits:
+            write_report(store, hit, out, str(q_text(q)))
+            written += 1
+        offset = page.next_offset
+    stdout().print(f"{written} report(s) written to {out}", markup=False)
+
+
+def q_text(q: EventQuery) -> str:
+    """The query in words, for report headers."""
+    parts = [
+        f"{k}={v}"
+        for k, v in (("workflow", q.workflow), ("kind", q.kind), ("name", q.name))
+        if v is not None
+    ]
+    if q.since is not None:
+        parts.append(f"since {_when(q.since)}")
+    if q.until is not None:
+        parts.append(f"until {_when(q.until)}")
+    parts.extend(f"meta {k}={v}" for k, v in q.metadata.items())
+    parts.extend(str(p) for p in q.where)
+    return "; ".join(parts) or "(all events)"
+
+
+def _event_json(e: Event) -> dict[str, Any]:
+    return {
+        "seq": e.seq,
+        "kind": e.kind,
+        "name": e.name,
+        "started_at": e.started_at,
+        "duration_ms": e.duration_ns / 1e6,
+        "side_effect": e.side_effect,
+        "request": orjson.loads(e.request),
+        "response": None if e.response is None else orjson.loads(e.response),
+        "error": e.error_value(),
+        "hash": e.hash,
+    }
+
+
+def _lineage(store: EventStore, run: Run) -> dict[str, Any]:
+    s = run.start
+    return {
+        "parent_run_id": s.parent_run_id,
+        "parent_seq": s.parent_seq,
+        "root_run_id": s.root_run_id,
+        "lineage": s.lineage,
+        "children": [c.run_id for c in store.children(run.run_id)],
+    }
+
+
+def write_report(store: EventStore, hit: SearchHit, directory: Path, query_text: str) -> Path:
+    """Write ``<run_id>.json`` and ``<run_id>.md`` for one affected run; returns the JSON path."""
+    run = hit.run
+    events = store.events(run.run_id)
+    matching = {e.seq for e in hit.events}
+    chain = verify_run(store, run.run_id)
+    data = {
+        "query": query_text,
+        "run": {
+            "run_id": run.run_id,
+            "workflow": run.workflow,
+            "status": run.status,
+            "started_at": run.started_at,
+            "ended_at": run.ended_at,
+            "metadata": run.metadata,
+            "tenant": run.start.tenant,
+        },
+        "lineage": _lineage(store, run),
+        "chain": {"ok": chain.ok, "message": chain.message},
+        "matching_steps": [_event_json(e) for e in hit.events],
+        "timeline": [
+            {
+                "seq": e.seq,
+                "kind": e.kind,
+                "name": e.name,
+                "started_at": e.started_at,
+                "duration_ms": e.duration_ns / 1e6,
+                "failed": e.error is not None,
+                "matches": e.seq in matching,
+            }
+            for e in events
+        ],
+    }
+    json_path = directory / f"{run.run_id}.json"
+    json_path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    lines = [
+        f"# Audit report: run {run.run_id}",
+        "",
+        f"- Query: `{query_text}`",
+        f"- Workflow: `{run.workflow}`, status **{run.status}**",
+        f"- Started: {_when(run.started_at)} UTC"
+        + (f", ended {_when(run.ended_at)} UTC" if run.ended_at is not None else ""),
+        f"- Metadata: `{orjson.dumps(run.metadata).decode()}`",
+        f"- Hash chain: {chain.message}",
+        "",
+        "## Lineage",
+        "",
+    ]
+    lin = data["lineage"]
+    assert isinstance(lin, dict)
+    lines.append(
+        f"- Parent: {lin['parent_run_id'] or '—'}"
+        + (f" (step {lin['parent_seq']})" if lin["parent_seq"] else "")
+    )
+    lines.append(f"- Root: {lin['root_run_id']}")
+    lines.append(f"- Children: {', '.join(lin['children']) or '—'}")
+    lines += [
+        "",
+        "## Timeline",
+        "",
+        "| seq | kind | name | at (UTC) | ms | |",
+        "|---:|---|---|---|---:|---|",
+    ]
+    for e in events:
+        mark = "**match**" if e.seq in matching else ("error" if e.error else "")
+        lines.append(
+            f"| {e.seq} | {e.kind} | {e.name} | {_when(e.started_at)} | "
+            f"{e.duration_ns / 1e6:.1f} | {mark} |"
+        )
+    lines += ["", "## Matching steps", ""]
+    for e in hit.events:
+        lines += [
+            f"### Step {e.seq}: {e.kind} `{e.name}`",
+            "",
+            "Request:",
+            "",
+            "```json",
+            orjson.dumps(orjson.loads(e.request), option=orjson.OPT_INDENT_2).decode(),
+            "```",
+            "",
+        ]
+        shown = e.response if e.response is not None else e.error
+        label = "Response" if e.response is not None else "Error"
+        if shown is not None:
+            lines += [
+                f"{label}:",
+                "",
+                "```json",
+                orjson.dumps(orjson.loads(shown), option=orjson.OPT_INDENT_2).decode(),
+                "```",
+                "",
+            ]
+    (directory / f"{run.run_id}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return json_path
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``query`` and ``report`` to ``app``."""
+    app.command("query")(query)
+    app.command("report")(report)

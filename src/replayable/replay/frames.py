@@ -1,0 +1,113 @@
+"""A paused agent's state: its call stack from the workflow entry down to the boundary."""
+
+from __future__ import annotations
+
+import reprlib
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from replayable.events.model import Event
+
+__all__ = ["FrameInfo", "PausePoint", "capture_stack", "safe_repr"]
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+
+_repr = reprlib.Repr()
+_repr.maxstring = 200
+_repr.maxother = 200
+_repr.maxlist = 10
+_repr.maxdict = 10
+_repr.maxlevel = 3
+
+
+def safe_repr(value: Any) -> str:
+    """A short repr that never raises: long values are cut, broken ones named."""
+    try:
+        return _repr.repr(value)
+    except Exception as exc:  # a user __repr__ may raise anything
+        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+
+
+@dataclass(frozen=True)
+class FrameInfo:
+    """One frame of the agent's stack; ``frame`` is live while the replay is paused."""
+
+    function: str
+    file: str
+    line: int
+    locals: dict[str, str]
+    frame: types.FrameType | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "function": self.function,
+            "file": self.file,
+            "line": self.line,
+            "locals": self.locals,
+        }
+
+
+@dataclass(frozen=True)
+class PausePoint:
+    """Where a replay paused: the event about to be served and the stack that asked for it."""
+
+    event: Event
+    frames: list[FrameInfo]
+
+    def to_dict(self) -> dict[str, Any]:
+        ev = self.event
+        return {
+            "step": ev.seq,
+            "kind": ev.kind,
+            "name": ev.name,
+            "request": ev.request_value(),
+            "response": ev.response_tree(),
+            "error": ev.error_value(),
+            "stack": [f.to_dict() for f in self.frames],
+        }
+
+    def render(self) -> str:
+        """Text for people: the event, then the stack innermost last."""
+        ev = self.event
+        lines = [f"paused before step {ev.seq}: {ev.kind} {ev.name}", "stack (entry first):"]
+        for f in self.frames:
+            lines.append(f"  {f.function} at {f.file}:{f.line}")
+            for k, v in f.locals.items():
+                lines.append(f"      {k} = {v}")
+        return "\n".join(lines)
+
+
+def capture_stack(
+    keep_frames: bool = False, start: types.FrameType | None = None
+) -> list[FrameInfo]:
+    """Frames of the agent's code, from the workflow entry down to the boundary call.
+
+    The walk skips replayable's own frames above the call, collects the
+    agent's frames, and stops at the next replayable frame (the workflow
+    wrapper), so the list starts at the entry function.
+    """
+    frame: types.FrameType | None = start or sys._getframe(1)
+    collected: list[FrameInfo] = []
+    while frame is not None:
+        code = frame.f_code
+        ours = code.co_filename.startswith(_PACKAGE_DIR)
+        if ours and collected:
+            break
+        if not ours:
+            collected.append(
+                FrameInfo(
+                    function=getattr(code, "co_qualname", code.co_name),
+                    file=code.co_filename,
+                    line=frame.f_lineno,
+                    locals={
+                        k: safe_repr(v) for k, v in frame.f_locals.items() if not k.startswith("__")
+                    },
+                    frame=frame if keep_frames else None,
+                )
+            )
+        frame = frame.f_back
+    collected.reverse()
+    return collected

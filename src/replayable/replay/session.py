@@ -1,0 +1,373 @@
+"""Replay sessions: a run's calls answered from its tape, with divergence detection."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+import orjson
+
+from replayable.capture.config import settings
+from replayable.capture.context import _STATE, Lineage, State, install_task_factory
+from replayable.capture.runtime import (
+    OpenCall,
+    RunContext,
+    Session,
+    WorkflowInfo,
+)
+from replayable.errors import ReplayError
+from replayable.events.canonical import fingerprint
+from replayable.events.codec import (
+    decode_error,
+    decode_value,
+    encode_request,
+)
+from replayable.events.model import Event, Run
+from replayable.replay.divergence import ActualCall, Divergence, DivergenceReason, field_diff
+from replayable.replay.tape import Tape
+from replayable.store import EventStore
+
+__all__ = [
+    "ReplayResult",
+    "ReplayRun",
+    "ReplaySession",
+    "Stop",
+    "aexecute_replay",
+    "execute_replay",
+]
+
+ReplayStatus = Literal["identical", "diverged", "failed", "incomplete", "paused", "completed"]
+
+
+class Stop(BaseException):
+    """Unwinds the agent's stack when replay must stop. A BaseException, so the
+    agent's own ``except Exception`` handlers do not swallow it."""
+
+    def __init__(self, divergence: Divergence | None, paused: Any = None) -> None:
+        super().__init__(divergence.message if divergence else "replay stopped")
+        self.divergence = divergence
+        self.paused = paused
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """The outcome of a replay.
+
+    ``status`` is ``identical`` (every call matched the tape and the outcome is
+    the recorded one), ``diverged`` (see ``divergence``), ``failed`` (the agent
+    raised where the recording did not), ``incomplete`` (the recording was
+    cut short and was replayed to its last event), ``paused`` (``stop_at``:
+    see ``paused``) or ``completed`` (a fork or counterfactual replay ran to
+    its end as the new run ``new_run_id``).
+    """
+
+    status: ReplayStatus
+    run_id: str
+    output: Any = None
+    error: BaseException | None = None
+    divergence: Divergence | None = None
+    events_served: int = 0
+    duration_s: float = 0.0
+    paused: Any = None
+    new_run_id: str | None = None
+    blocked: tuple[int, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "identical"
+
+
+class _ServedCall(OpenCall):
+    """A call answered from the tape."""
+
+    live = False
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+        self.seq = event.seq
+        self.metadata = event.metadata
+
+    def value(self) -> Any:
+        return served_value(self.event)
+
+
+def served_value(ev: Event) -> Any:
+    """The recorded outcome of ``ev``: its value, or its exception raised."""
+    if ev.error is not None:
+        raise decode_error(ev.error)
+    return decode_value(ev.response, ev.encoding)
+
+
+async def _served_async(ev: Event) -> Any:
+    return served_value(ev)
+
+
+class Served:
+    """What a run needs from its session while replaying (shared by every replay mode)."""
+
+    store: EventStore
+    events_served: int
+    stopped: Stop | None
+    pause_hook: Callable[[Event], None] | None
+    until_seq: int | None
+
+    def _init_served(self, store: EventStore) -> None:
+        self.store = store
+        self.events_served = 0
+        self.stopped = None
+        self.pause_hook = None
+        self.until_seq = None
+        self._stop_lock = threading.Lock()
+
+    def stop(self, divergence: Divergence | None, paused: Any = None) -> Stop:
+        """The one Stop of this session (the first reason wins)."""
+        with self._stop_lock:
+            if self.stopped is None:
+                self.stopped = Stop(divergence, paused)
+            return self.stopped
+
+    def check(self) -> None:
+        if self.stopped is not None:
+            raise self.stopped
+
+    def load(self, run_id: str) -> ReplayRun:
+        """A pure replay of a child run from its own tape."""
+        return ReplayRun(self, self.store.get_run(run_id), self.store.events(run_id))
+
+
+class ReplayRun(RunContext):
+    """A run being replayed: boundaries are answered from its tape."""
+
+    def __init__(
+        self, session: Served, run: Run, events: list[Event], partial: bool = False
+    ) -> None:
+        self.session = session
+        self.run = run
+        self.run_id = run.run_id
+        self.tape = Tape(events)
+        self.complete = run.end is not None
+        self.partial = partial
+
+    def match(
+        self, st: State, kind: str, name: str, request: Any, site: str | None
+    ) -> tuple[Event | None, ActualCall]:
+        """The recorded event at this call's causal position and the call as asked."""
+        self.session.check()
+        key = st.lineage.next_key()
+        req = settings.redactor.redact_bytes(encode_request(request))
+        fp = fingerprint(kind, name, req)
+        ev = self.tape.at(key)
+        if ev is None and self.partial:
+            # Only a prefix was loaded (stop_at); fetch the rest before judging.
+            self.tape.extend(self.session.store.events(self.run_id))
+            self.partial = False
+            ev = self.tape.at(key)
+        actual = ActualCall(
+            kind=kind, name=name, key=key, request=req, fingerprint=fp, call_site=site
+        )
+        return ev, actual
+
+    def _serve(self, st: State, kind: str, name: str, request: Any, site: str | None) -> Event:
+        ev, actual = self.match(st, kind, name, request, site)
+        if (
+            ev is not None
+            and ev.fingerprint == actual.fingerprint
+            and ev.kind == kind
+            and ev.name == name
+            and not self.tape.served(ev)
+        ):
+            hook = self.session.pause_hook
+            if hook is not None:
+                hook(ev)
+            self.tape.take(ev)
+            self.session.events_served += 1
+            return ev
+        if ev is None and not self.complete and self.tape.remaining() == 0:
+            raise self.session.stop(None)
+        raise self.session.stop(self.divergence(ev, actual))
+
+    def divergence(self, ev: Event | None, actual: ActualCall) -> Divergence:
+        """Explain why ``actual`` does not match ``ev`` (the event at its position, if any)."""
+        actual = msgspec.structs.replace(actual, request=orjson.loads(actual.request))
+        if ev is None:
+            reason: DivergenceReason = (
+                "tape_exhausted" if self.tape.remaining() == 0 else "unexpected_call"
+            )
+            return Divergence(
+                reason=reason,
+                run_id=self.run_id,
+                step=self._next_step(),
+                actual=actual,
+                nearest=self.tape.nearest(actual.kind, actual.name),
+                call_site=actual.call_site,
+            )
+        if ev.kind != actual.kind or ev.name != actual.name:
+            return Divergence(
+                reason="unexpected_call",
+                run_id=self.run_id,
+                step=ev.seq,
+                expected=ev,
+                actual=actual,
+                call_site=actual.call_site,
+            )
+        return Divergence(
+            reason="request_changed",
+            run_id=self.run_id,
+            step=ev.seq,
+            expected=ev,
+            actual=actual,
+            diff=field_diff(ev.request_value(), actual.request),
+            call_site=actual.call_site,
+        )
+
+    def _next_step(self) -> int:
+        unasked = self.tape.unasked()
+        if unasked:
+            return unasked[0].seq
+        return (self.tape.events[-1].seq + 1) if self.tape.events else 1
+
+    def begin(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        request: Any,
+        side_effect: bool = False,
+        meta: dict[str, Any] | None = None,
+        site: str | None = None,
+    ) -> OpenCall:
+        return _ServedCall(self._serve(st, kind, name, request, site))
+
+    def call(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        request: Any,
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
+        ev = self._serve(st, kind, name, request, site)
+        if ev.metadata.get("awaitable"):
+            return _served_async(ev)
+        return served_value(ev)
+
+    async def acall(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        request: Any,
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
+        return served_value(self._serve(st, kind, name, request, site))
+
+    def _child(
+        self, st: State, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> ReplayRun:
+        ev = self._serve(st, "subrun", wf.name, {"args": list(args), "kwargs": dict(kwargs)}, None)
+        child_id = ev.metadata.get("child_run_id")
+        if not child_id:
+            raise ReplayError(f"step {ev.seq} of run {self.run_id} names no child run")
+        return self.session.load(child_id)
+
+    def subrun(
+        self, st: State, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
+        return execute_replay(self._child(st, wf, args, kwargs), wf, args, kwargs)
+
+    async def asubrun(
+        self, st: State, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
+        return await aexecute_replay(self._child(st, wf, args, kwargs), wf, args, kwargs)
+
+    def finish(self) -> None:
+        """After the run's code returned: every recorded call must have been asked."""
+        if self.partial:
+            self.tape.extend(self.session.store.events(self.run_id))
+            self.partial = False
+        unasked = self.tape.unasked()
+        if unasked and self.session.stopped is None:
+            first = unasked[0]
+            raise self.session.stop(
+                Divergence(
+                    reason="calls_not_asked",
+                    run_id=self.run_id,
+                    step=first.seq,
+                    expected=first,
+                    unasked=[e.seq for e in unasked],
+                )
+            )
+
+
+def execute_replay(
+    run: ReplayRun, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Any:
+    """Run ``wf`` with ``run`` answering its boundaries."""
+    token = _STATE.set(State(run.session, run, Lineage()))  # type: ignore[arg-type]
+    try:
+        result = wf.fn(*args, **kwargs)
+    finally:
+        _STATE.reset(token)
+    run.finish()
+    return result
+
+
+async def aexecute_replay(
+    run: ReplayRun, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Any:
+    """Await ``wf`` with ``run`` answering its boundaries."""
+    install_task_factory(asyncio.get_running_loop())
+    token = _STATE.set(State(run.session, run, Lineage()))  # type: ignore[arg-type]
+    try:
+        result = await wf.fn(*args, **kwargs)
+    finally:
+        _STATE.reset(token)
+    run.finish()
+    return result
+
+
+class ReplaySession(Served, Session):
+    """Serves one recorded run (and its child runs) to the agent's code, running nothing."""
+
+    def __init__(
+        self, store: EventStore, root: Run, events: list[Event], partial: bool = False
+    ) -> None:
+        self._init_served(store)
+        self.root = ReplayRun(self, root, events, partial)
+        self._root_started = False
+
+    def claim_root(self, wf: WorkflowInfo) -> None:
+        """Check that the entrypoint is the recorded workflow, once."""
+        if self._root_started:
+            raise ReplayError("the replayed entrypoint started a second top-level run")
+        self._root_started = True
+        recorded = self.root.run.workflow
+        if wf.name != recorded:
+            raise ReplayError(
+                f"run {self.root.run_id} recorded workflow {recorded!r}, "
+                f"but the entrypoint is workflow {wf.name!r}"
+            )
+
+    def run_root(self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        self.claim_root(wf)
+        return execute_replay(self.root, wf, args, kwargs)
+
+    async def arun_root(
+        self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
+        self.claim_root(wf)
+        return await aexecute_replay(self.root, wf, args, kwargs)

@@ -1,0 +1,245 @@
+"""Versioned migrations for the PostgreSQL store.
+
+Every migration is a list of statements applied in one transaction under an
+advisory lock, and recorded in ``schema_version``. ``upgrade`` is idempotent;
+a database at a newer version than this code is refused, never downgraded.
+The log tables follow the shape of the classic ``agent_execution_events``
+table; canonical JSON is kept as text (``*_text``) because hashes are taken
+over those exact bytes, and the JSONB columns are generated from it for
+queries.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import psycopg
+from psycopg import sql
+
+from replayable.errors import SchemaVersionError
+
+__all__ = ["LATEST_VERSION", "MIGRATIONS", "current_version", "upgrade", "valid_identifier"]
+
+#: The tables the log is made of; every one refuses UPDATE, DELETE and TRUNCATE.
+APPEND_ONLY_TABLES: Final = ("runs", "run_ends", "agent_execution_events", "blobs", "batches")
+
+_TENANT = "NULLIF(current_setting('replayable.tenant', true), '')"
+
+_V1: Final = [
+    """
+    CREATE TABLE {s}.runs (
+        run_id         UUID PRIMARY KEY,
+        workflow       TEXT NOT NULL,
+        entrypoint     TEXT NOT NULL,
+        parent_run_id  UUID,
+        parent_seq     INTEGER,
+        root_run_id    UUID NOT NULL,
+        tenant         TEXT,
+        record_tenant  TEXT,
+        input_text     TEXT NOT NULL,
+        metadata_text  TEXT NOT NULL,
+        metadata       JSONB GENERATED ALWAYS AS (metadata_text::jsonb) STORED,
+        tags           TEXT[] NOT NULL,
+        code_text      TEXT NOT NULL,
+        env_hash       TEXT,
+        lineage_text   TEXT NOT NULL,
+        started_at     DOUBLE PRECISION NOT NULL,
+        schema_version INTEGER NOT NULL,
+        created_at     TIMESTAMPTZ NOT NULL DEFAULT now()
+    )
+    """,
+    "CREATE INDEX idx_runs_started ON {s}.runs (started_at DESC, run_id DESC)",
+    "CREATE INDEX idx_runs_workflow ON {s}.runs (workflow, started_at DESC)",
+    "CREATE INDEX idx_runs_parent ON {s}.runs (parent_run_id)",
+    "CREATE INDEX idx_runs_tags ON {s}.runs USING GIN (tags)",
+    "CREATE INDEX idx_runs_metadata ON {s}.runs USING GIN (metadata jsonb_path_ops)",
+    """
+    CREATE TABLE {s}.run_ends (
+        run_id         UUID PRIMARY KEY,
+        tenant         TEXT,
+        status         TEXT NOT NULL CHECK (status IN ('completed', 'failed')),
+        output_text    TEXT,
+        error_text     TEXT,
+        ended_at       DOUBLE PRECISION NOT NULL,
+        event_count    INTEGER NOT NULL,
+        last_hash      TEXT NOT NULL,
+        schema_version INTEGER NOT NULL,
+        created_at     TIMESTAMPTZ NOT NULL DEFAULT now()
+    )
+    """,
+    """
+    CREATE TABLE {s}.agent_execution_events (
+        run_id         UUID NOT NULL,
+        parent_run_id  UUID,
+        sequence       INTEGER NOT NULL,
+        event_type     VARCHAR(50) NOT NULL,
+        name           TEXT NOT NULL,
+        key            TEXT,
+        parent         INTEGER,
+        call_site      TEXT,
+        request_text   TEXT NOT NULL,
+        input_payload  JSONB GENERATED ALWAYS AS (request_text::jsonb) STORED,
+        fingerprint    TEXT NOT NULL,
+        response_text  TEXT,
+        output_payload JSONB GENERATED ALWAYS AS (response_text::jsonb) STORED,
+        encoding       TEXT NOT NULL,
+        error_text     TEXT,
+        side_effect    BOOLEAN NOT NULL,
+        timestamp_utc  DOUBLE PRECISION NOT NULL,
+        duration_ns    BIGINT NOT NULL,
+        metadata_text  TEXT NOT NULL,
+        metadata       JSONB GENERATED ALWAYS AS (metadata_text::jsonb) STORED,
+        chain_index    INTEGER NOT NULL,
+        prev_hash      TEXT NOT NULL,
+        hash           TEXT NOT NULL,
+        schema_version INTEGER NOT NULL,
+        tenant         TEXT,
+        created_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+        CONSTRAINT agent_execution_events_run_seq UNIQUE (run_id, sequence)
+    )
+    """,
+    # The UNIQUE constraint's index serves (run_id, sequence ASC) reads.
+    "CREATE INDEX idx_events_parent ON {s}.agent_execution_events (parent_run_id)",
+    "CREATE INDEX idx_events_type ON {s}.agent_execution_events (event_type, name)",
+    """
+    CREATE TABLE {s}.blobs (
+        tenant     TEXT NOT NULL DEFAULT '',
+        digest     TEXT NOT NULL,
+        data       BYTEA NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (tenant, digest)
+    )
+    """,
+    # One row per committed batch: a batch retried after a lost COMMIT
+    # acknowledgement finds its digest here and is a no-op.
+    """
+    CREATE TABLE {s}.batches (
+        digest     TEXT PRIMARY KEY,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )
+    """,
+    """
+    CREATE FUNCTION {s}.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF current_setting('replayable.maintenance', true) = 'on' THEN
+            IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+            RETURN NEW;
+        END IF;
+        RAISE EXCEPTION 'replayable: % on %.% refused: the log is append-only',
+            TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME USING ERRCODE = 'RPL01';
+    END $$
+    """,
+    # The maintenance procedure is the one path that may change recorded rows:
+    # it raises a transaction-local flag the triggers honour, then lowers it.
+    """
+    CREATE FUNCTION {s}.purge_payloads(p_run_id UUID) RETURNS INTEGER
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = {s}, pg_temp AS $$
+    DECLARE n INTEGER;
+    BEGIN
+        PERFORM set_config('replayable.maintenance', 'on', true);
+        UPDATE agent_execution_events
+           SET request_text = '{{"$purged":true}}',
+               response_text = CASE WHEN response_text IS NULL THEN NULL
+                                    ELSE '{{"$purged":true}}' END
+         WHERE run_id = p_run_id;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        PERFORM set_config('replayable.maintenance', 'off', true);
+        RETURN n;
+    END $$
+    """,
+    "REVOKE ALL ON FUNCTION {s}.purge_payloads(UUID) FROM PUBLIC",
+]
+
+
+def _v1_guards() -> list[str]:
+    out: list[str] = []
+    for table in APPEND_ONLY_TABLES:
+        out.append(
+            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {{s}}.{table} "
+            "FOR EACH ROW EXECUTE FUNCTION {s}.refuse_change()"
+        )
+        out.append(
+            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {{s}}.{table} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse_change()"
+        )
+    check = f"tenant IS NOT DISTINCT FROM {_TENANT}"
+    for table in ("runs", "run_ends", "agent_execution_events"):
+        out.append(f"ALTER TABLE {{s}}.{table} ENABLE ROW LEVEL SECURITY")
+        out.append(
+            f"CREATE POLICY tenant_isolation ON {{s}}.{table} USING ({check}) WITH CHECK ({check})"
+        )
+    blob_check = f"tenant = COALESCE({_TENANT}, '')"
+    out.append("ALTER TABLE {s}.blobs ENABLE ROW LEVEL SECURITY")
+    out.append(
+        f"CREATE POLICY tenant_isolation ON {{s}}.blobs USING ({blob_check}) "
+        f"WITH CHECK ({blob_check})"
+    )
+    return out
+
+
+#: Migration n (1-based) brings a database from version n-1 to n.
+MIGRATIONS: Final[list[list[str]]] = [_V1 + _v1_guards()]
+LATEST_VERSION: Final = len(MIGRATIONS)
+
+_LOCK_KEY = 0x7265706C6179  # "replay": serializes concurrent upgrades
+
+
+def valid_identifier(name: str) -> bool:
+    """Whether ``name`` is a plain lower-case SQL identifier (schema or role names)."""
+    return (
+        bool(name)
+        and len(name) <= 63
+        and name[0].isalpha()
+        and all(c.isalnum() or c == "_" for c in name)
+        and name.isascii()
+        and name == name.lower()
+    )
+
+
+def current_version(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int | None:
+    """The schema version recorded in ``schema``, or ``None`` when it holds no store."""
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_version",)
+    ).fetchone()
+    if row is None or not row[0]:
+        return None
+    q = sql.SQL("SELECT max(version) FROM {}.schema_version").format(sql.Identifier(schema))
+    found = conn.execute(q).fetchone()
+    return None if found is None or found[0] is None else int(str(found[0]))
+
+
+def check_version(version: int | None, where: str) -> None:
+    """Refuse a database written by a newer replayable."""
+    if version is not None and version > LATEST_VERSION:
+        raise SchemaVersionError(
+            f"{where} has schema version {version}; this replayable knows up to "
+            f"{LATEST_VERSION} and never downgrades. Upgrade replayable."
+        )
+
+
+def upgrade(conn: psycopg.Connection[tuple[object, ...]], schema: str, where: str) -> list[int]:
+    """Apply the missing migrations to ``schema``; returns the versions applied (maybe none)."""
+    applied: list[int] = []
+    ident = sql.Identifier(schema)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+        version = current_version(conn, schema)
+        check_version(version, where)
+        if version is None:
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {}.schema_version (version INTEGER PRIMARY KEY, "
+                    "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+                ).format(ident)
+            )
+            version = 0
+        for number in range(version + 1, LATEST_VERSION + 1):
+            for statement in MIGRATIONS[number - 1]:
+                conn.execute(sql.SQL(statement).format(s=ident))
+            conn.execute(
+                sql.SQL("INSERT INTO {}.schema_version (version) VALUES (%s)").format(ident),
+                (number,),
+            )
+            applied.append(number)
+    return applied

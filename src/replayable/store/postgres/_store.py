@@ -1,0 +1,549 @@
+"""The production store: PostgreSQL, append-only by privilege and trigger, one tenant per store."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import msgspec
+import orjson
+import psycopg
+
+from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
+from replayable.events.model import Event, Run, RunEnd, RunStart
+from replayable.store.base import EventStore, RunFilter, tag_value
+from replayable.store.postgres._connect import connect, parse_url, raise_store_error
+from replayable.store.postgres._schema import LATEST_VERSION, check_version, current_version
+from replayable.store.postgres._schema import upgrade as run_upgrade
+from replayable.store.search import EventQuery, SearchPage
+
+__all__ = ["PostgresStore"]
+
+_RUN_COLS = (
+    "r.run_id::text, r.workflow, r.entrypoint, r.parent_run_id::text, r.parent_seq, "
+    "r.root_run_id::text, r.record_tenant, r.input_text, r.metadata_text, r.code_text, "
+    "r.env_hash, r.lineage_text, r.started_at, r.schema_version, "
+    "e.run_id::text, e.status, e.output_text, e.error_text, e.ended_at, e.event_count, "
+    "e.last_hash, e.schema_version"
+)
+_SELECT_RUNS = f"SELECT {_RUN_COLS} FROM runs r LEFT JOIN run_ends e ON e.run_id = r.run_id"
+_EVENT_COLS = (
+    "run_id::text, sequence, event_type, name, key, parent, call_site, request_text, "
+    "fingerprint, response_text, encoding, error_text, side_effect, timestamp_utc, "
+    "duration_ns, metadata_text, chain_index, prev_hash, hash, schema_version"
+)
+_STAGE_COLS = (
+    "run_id, parent_run_id, sequence, event_type, name, key, parent, call_site, request_text, "
+    "fingerprint, response_text, encoding, error_text, side_effect, timestamp_utc, duration_ns, "
+    "metadata_text, chain_index, prev_hash, hash, schema_version, tenant"
+)
+_STAGE_TABLE = """
+CREATE TEMP TABLE IF NOT EXISTS replayable_stage_events (
+    run_id UUID, parent_run_id UUID, sequence INTEGER, event_type TEXT, name TEXT, key TEXT,
+    parent INTEGER, call_site TEXT, request_text TEXT, fingerprint TEXT, response_text TEXT,
+    encoding TEXT, error_text TEXT, side_effect BOOLEAN, timestamp_utc DOUBLE PRECISION,
+    duration_ns BIGINT, metadata_text TEXT, chain_index INTEGER, prev_hash TEXT, hash TEXT,
+    schema_version INTEGER, tenant TEXT
+) ON COMMIT DELETE ROWS
+"""
+_INSERT_RUN = (
+    "INSERT INTO runs (run_id, workflow, entrypoint, parent_run_id, parent_seq, root_run_id, "
+    "tenant, record_tenant, input_text, metadata_text, tags, code_text, env_hash, lineage_text, "
+    "started_at, schema_version) VALUES "
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_INSERT_END = (
+    "INSERT INTO run_ends (run_id, tenant, status, output_text, error_text, ended_at, "
+    "event_count, last_hash, schema_version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_RUN_INFO_CACHE = 100_000
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _is_uuid(text: str | None) -> bool:
+    if text is None:
+        return True
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
+
+
+def run_tags(metadata: dict[str, Any]) -> list[str]:
+    """The indexed ``key=value`` tags of run metadata (the key JSON-quoted, so '=' is safe)."""
+    tags = []
+    for key, value in metadata.items():
+        if isinstance(value, dict | list):
+            continue
+        text = tag_value(value)
+        quoted = orjson.dumps(key).decode()
+        tags.append(quoted if text is None else f"{quoted}={text}")
+    return tags
+
+
+class PostgresStore(EventStore):
+    """Runs in a PostgreSQL schema. ``tenant`` scopes every read and write (row-level security).
+
+    Open one with ``open_store("postgresql://user@host/db?tenant=acme")`` or
+    ``PostgresStore(url, tenant="acme")``. The schema is created or upgraded on
+    open unless ``migrate=False`` (then run ``replayable db upgrade``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        tenant: str | None = None,
+        schema: str | None = None,
+        migrate: bool | None = None,
+    ) -> None:
+        target = parse_url(url)
+        changes: dict[str, Any] = {}
+        if tenant is not None:
+            changes["tenant"] = tenant or None
+        if schema is not None:
+            changes["schema"] = schema
+        if migrate is not None:
+            changes["migrate"] = migrate
+        if changes:
+            target = dataclasses.replace(target, **changes)
+        self.target = target
+        self.tenant = target.tenant
+        self.url = target.display
+        self._write_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._write_conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._read_conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._run_info: dict[str, tuple[str | None, str | None]] = {}
+        self._staged = False
+        self._closed = False
+        try:
+            self._prepare_schema()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connections -----------------------------------------------------------
+
+    def _conn(self, write: bool) -> psycopg.Connection[tuple[Any, ...]]:
+        if self._closed:
+            raise StoreError(f"{self.url} is closed")
+        conn = self._write_conn if write else self._read_conn
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                conn.close()
+            conn = connect(self.target)
+            if write:
+                self._write_conn = conn
+                self._staged = False
+            else:
+                self._read_conn = conn
+        return conn
+
+    def _prepare_schema(self) -> None:
+        with self._write_lock:
+            conn = self._conn(write=True)
+            where = f"{self.url} (schema {self.target.schema!r})"
+            try:
+                version = current_version(conn, self.target.schema)
+                check_version(version, where)
+                if version == LATEST_VERSION:
+                    return
+                if not self.target.migrate:
+                    raise StoreError(
+                        f"{where} is at schema version {version or 0}, this replayable needs "
+                        f"{LATEST_VERSION}; run `replayable db upgrade`"
+                    )
+                run_upgrade(conn, self.target.schema, where)
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "preparing the schema")
+
+    def upgrade(self) -> list[int]:
+        """Apply missing migrations; returns the versions applied."""
+        with self._write_lock:
+            try:
+                return run_upgrade(self._conn(write=True), self.target.schema, self.url)
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "upgrading the schema")
+
+    def schema_version(self) -> int | None:
+        """The schema version of the database (``None`` when it holds no store)."""
+        with self._read_lock:
+            try:
+                return current_version(self._conn(write=False), self.target.schema)
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "reading the schema version")
+
+    # -- writing ----------------------------------------------------------------
+
+    def append(
+        self,
+        starts: Sequence[RunStart] = (),
+        events: Sequence[Event] = (),
+        ends: Sequence[RunEnd] = (),
+        *,
+        durable: bool = False,
+    ) -> None:
+        if not (starts or events or ends):
+            return
+        run_rows = [self._run_row(s) for s in starts]
+        for e in events:
+            if e.run_id not in self._run_info and not _is_uuid(e.run_id):
+                raise ConfigurationError(f"event run id {e.run_id!r} is not a UUID")
+        for end in ends:
+            if not _is_uuid(end.run_id):
+                raise ConfigurationError(f"end record run id {end.run_id!r} is not a UUID")
+        # The batch's digest makes a retry idempotent: a batch whose COMMIT went
+        # through but was never acknowledged is found in ``batches`` and skipped.
+        digest = hashlib.sha256(
+            msgspec.json.encode([self.tenant, list(starts), list(events), list(ends)])
+        ).hexdigest()
+        with self._write_lock:
+            conn = self._conn(write=True)
+            try:
+                with conn.transaction():
+                    if not durable:
+                        conn.execute("SET LOCAL synchronous_commit = off")
+                    cur = conn.execute(
+                        "INSERT INTO batches (digest) VALUES (%s) ON CONFLICT DO NOTHING",
+                        (digest,),
+                    )
+                    if cur.rowcount == 0:
+                        return
+                    with conn.cursor() as c:
+                        if run_rows:
+                            c.executemany(_INSERT_RUN, run_rows)
+                        if events:
+                            self._copy_events(conn, c, starts, events)
+                        if ends:
+                            c.executemany(_INSERT_END, [self._end_row(r) for r in ends])
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "writing a batch")
+        for s in starts:
+            self._remember(s.run_id, self._access_tenant(s), s.parent_run_id)
+
+    def _access_tenant(self, start: RunStart) -> str | None:
+        return self.tenant if self.tenant is not None else start.tenant
+
+    def _run_row(self, s: RunStart) -> tuple[Any, ...]:
+        for label, value in (
+            ("run id", s.run_id),
+            ("parent run id", s.parent_run_id),
+            ("root run id", s.root_run_id),
+        ):
+            if not _is_uuid(value):
+                raise ConfigurationError(
+                    f"run {s.run_id!r}: {label} {value!r} is not a UUID in canonical form"
+                )
+        if self.tenant is not None and s.tenant not in (None, self.tenant):
+            raise ConfigurationError(
+                f"run {s.run_id} names tenant {s.tenant!r} but {self.url} writes for "
+                f"tenant {self.tenant!r}"
+            )
+        return (
+            s.run_id,
+            s.workflow,
+            s.entrypoint,
+            s.parent_run_id,
+            s.parent_seq,
+            s.root_run_id,
+            self._access_tenant(s),
+            s.tenant,
+            s.input,
+            _dumps(s.metadata),
+            run_tags(s.metadata),
+            _dumps(s.code),
+            s.env_hash,
+            _dumps(s.lineage),
+            s.started_at,
+            s.schema_version,
+        )
+
+    def _end_row(self, r: RunEnd) -> tuple[Any, ...]:
+        tenant = self._run_info.get(r.run_id, (self.tenant, None))[0]
+        return (
+            r.run_id,
+            tenant,
+            r.status,
+            r.output,
+            r.error,
+            r.ended_at,
+            r.event_count,
+            r.last_hash,
+            r.schema_version,
+        )
+
+    def _remember(self, run_id: str, tenant: str | None, parent: str | None) -> None:
+        if len(self._run_info) >= _RUN_INFO_CACHE:
+            self._run_info.clear()
+        self._run_info[run_id] = (tenant, parent)
+
+    def _copy_events(
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        cur: psycopg.Cursor[tuple[Any, ...]],
+        starts: Sequence[RunStart],
+        events: Sequence[Event],
+    ) -> None:
+        info = dict(self._run_info)
+        for s in starts:
+            info[s.run_id] = (self._access_tenant(s), s.parent_run_id)
+        unknown = list({e.run_id for e in events if e.run_id not in info})
+        if unknown:
+            found = cur.execute(
+                "SELECT run_id::text, tenant, parent_run_id::text FROM runs "
+                "WHERE run_id = ANY(%s::uuid[])",
+                (unknown,),
+            ).fetchall()
+            for run_id, tenant, parent in found:
+                info[run_id] = (tenant, parent)
+                self._remember(run_id, tenant, parent)
+            hidden = sorted(set(unknown) - {row[0] for row in found})
+            if hidden and self.tenant is not None:
+                # Under a tenant, an event may only join a run that tenant can see.
+                raise StoreError(
+                    f"{self.url} has no run {hidden[0]} for tenant {self.tenant!r}; "
+                    "a run's start record must be written before its events"
+                )
+        if not self._staged:
+            conn.execute(_STAGE_TABLE)
+            self._staged = True
+        missing = (self.tenant, None)
+        # COPY cannot write through row-level security, so rows land in a
+        # temporary table first and INSERT … SELECT applies the policies.
+        with cur.copy(f"COPY replayable_stage_events ({_STAGE_COLS}) FROM STDIN") as copy:
+            write = copy.write_row
+            for e in events:
+                tenant, parent_run = info.get(e.run_id, missing)
+                write(
+                    (
+                        e.run_id,
+                        parent_run,
+                        e.seq,
+                        e.kind,
+                        e.name,
+                        e.key,
+                        e.parent,
+                        e.call_site,
+                        e.request,
+                        e.fingerprint,
+                        e.response,
+                        e.encoding,
+                        e.error,
+                        e.side_effect,
+                        e.started_at,
+                        e.duration_ns,
+                        _dumps(e.metadata),
+                        e.chain_index,
+                        e.prev_hash,
+                        e.hash,
+                        e.schema_version,
+                        tenant,
+                    )
+                )
+        cur.execute(
+            f"INSERT INTO agent_execution_events ({_STAGE_COLS}) "
+            f"SELECT {_STAGE_COLS} FROM replayable_stage_events"
+        )
+
+    def put_blob(self, digest: str, data: bytes) -> None:
+        with self._write_lock:
+            try:
+                self._conn(write=True).execute(
+                    "INSERT INTO blobs (tenant, digest, data) VALUES (%s, %s, %s) "
+                    "ON CONFLICT DO NOTHING",
+                    (self.tenant or "", digest, data),
+                )
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "writing a blob")
+
+    # -- reading ----------------------------------------------------------------
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of a read-only statement on the reader connection (errors translated)."""
+        with self._read_lock:
+            try:
+                return self._conn(write=False).execute(sql, params).fetchall()
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "reading")
+
+    def get_blob(self, digest: str) -> bytes | None:
+        rows = self.query(
+            "SELECT data FROM blobs WHERE tenant = %s AND digest = %s", (self.tenant or "", digest)
+        )
+        return bytes(rows[0][0]) if rows else None
+
+    def get_run(self, run_id: str) -> Run:
+        rows = (
+            self.query(_SELECT_RUNS + " WHERE r.run_id = %s", (run_id,)) if _is_uuid(run_id) else []
+        )
+        if not rows:
+            raise RunNotFoundError(f"no run {run_id!r} in {self.url}")
+        return run_from_row(rows[0])
+
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, Run]:
+        """Several runs by id in one query (unknown ids are left out)."""
+        valid = [r for r in run_ids if _is_uuid(r)]
+        rows = self.query(_SELECT_RUNS + " WHERE r.run_id = ANY(%s::uuid[])", (valid,))
+        return {row[0]: run_from_row(row) for row in rows}
+
+    def find_run_ids(self, prefix: str, limit: int = 6) -> list[str]:
+        bounds = _uuid_bounds(prefix.lower())
+        if bounds is None:
+            return []
+        rows = self.query(
+            "SELECT run_id::text FROM runs WHERE run_id BETWEEN %s::uuid AND %s::uuid "
+            "ORDER BY run_id LIMIT %s",
+            (*bounds, limit),
+        )
+        return [r[0] for r in rows]
+
+    def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
+        f = filter or RunFilter()
+        where: list[str] = []
+        params: list[Any] = []
+        if f.workflow is not None:
+            where.append("r.workflow = %s")
+            params.append(f.workflow)
+        if f.status is not None:
+            if f.status == "incomplete":
+                where.append("e.run_id IS NULL")
+            else:
+                where.append("e.status = %s")
+                params.append(f.status)
+        if f.since is not None:
+            where.append("r.started_at >= %s")
+            params.append(f.since)
+        if f.until is not None:
+            where.append("r.started_at <= %s")
+            params.append(f.until)
+        if f.parent_run_id is not None:
+            if not _is_uuid(f.parent_run_id):
+                return []
+            where.append("r.parent_run_id = %s")
+            params.append(f.parent_run_id)
+        if f.roots_only:
+            where.append("r.parent_run_id IS NULL")
+        if f.metadata:
+            if any(isinstance(v, dict | list) for v in f.metadata.values()):
+                return []  # nested values are not indexed, so no filter matches them
+            where.append("r.tags @> %s::text[]")
+            params.append(run_tags(f.metadata))
+        sql = _SELECT_RUNS
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY r.started_at DESC, r.run_id DESC"
+        if f.limit is not None:
+            sql += " LIMIT %s"
+            params.append(f.limit)
+        return [run_from_row(row) for row in self.query(sql, params)]
+
+    def events(self, run_id: str) -> list[Event]:
+        if not _is_uuid(run_id):
+            return []
+        rows = self.query(
+            f"SELECT {_EVENT_COLS} FROM agent_execution_events WHERE run_id = %s ORDER BY sequence",
+            (run_id,),
+        )
+        return [event_from_row(r) for r in rows]
+
+    def iter_run_ids(self) -> Iterator[str]:
+        rows = self.query("SELECT run_id::text FROM runs ORDER BY started_at, run_id")
+        return iter([r[0] for r in rows])
+
+    def search(self, query: EventQuery) -> SearchPage:
+        from replayable.store.postgres._search import search
+
+        return search(self, query)
+
+    def close(self) -> None:
+        self.run_close_hooks()
+        with self._write_lock, self._read_lock:
+            self._closed = True
+            for conn in (self._write_conn, self._read_conn):
+                if conn is not None:
+                    conn.close()
+            self._write_conn = self._read_conn = None
+
+
+def _uuid_bounds(prefix: str) -> tuple[str, str] | None:
+    """The lowest and highest UUID starting with ``prefix``, or None if no UUID can."""
+    if len(prefix) > 36:
+        return None
+    digits = []
+    for i, ch in enumerate(prefix):
+        if i in (8, 13, 18, 23):
+            if ch != "-":
+                return None
+        elif ch in "0123456789abcdef":
+            digits.append(ch)
+        else:
+            return None
+    hexs = "".join(digits)
+    return hexs.ljust(32, "0"), hexs.ljust(32, "f")
+
+
+def run_from_row(row: Sequence[Any]) -> Run:
+    """A :class:`Run` from a ``_SELECT_RUNS`` row."""
+    start = RunStart(
+        run_id=row[0],
+        workflow=row[1],
+        entrypoint=row[2],
+        parent_run_id=row[3],
+        parent_seq=row[4],
+        root_run_id=row[5],
+        tenant=row[6],
+        input=row[7],
+        metadata=orjson.loads(row[8]),
+        code=orjson.loads(row[9]),
+        env_hash=row[10],
+        lineage=orjson.loads(row[11]),
+        started_at=row[12],
+        schema_version=row[13],
+    )
+    end = None
+    if row[14] is not None:
+        end = RunEnd(
+            run_id=row[14],
+            status=row[15],
+            output=row[16],
+            error=row[17],
+            ended_at=row[18],
+            event_count=row[19],
+            last_hash=row[20],
+            schema_version=row[21],
+        )
+    return Run(start=start, end=end)
+
+
+def event_from_row(r: Sequence[Any]) -> Event:
+    """An :class:`Event` from an ``_EVENT_COLS`` row."""
+    return Event(
+        run_id=r[0],
+        seq=r[1],
+        kind=r[2],
+        name=r[3],
+        key=r[4],
+        parent=r[5],
+        call_site=r[6],
+        request=r[7],
+        fingerprint=r[8],
+        response=r[9],
+        encoding=r[10],
+        error=r[11],
+        side_effect=r[12],
+        started_at=r[13],
+        duration_ns=r[14],
+        metadata=orjson.loads(r[15]),
+        chain_index=r[16],
+        prev_hash=r[17],
+        hash=r[18],
+        schema_version=r[19],
+    )

@@ -1,0 +1,60 @@
+"""Small workflows recorded by the CLI tests; importable by name so replay can find them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import replayable
+
+#: Switch the agent's behaviour between recording and replay to force a divergence.
+VARIANT = "original"
+
+
+@replayable.tool
+def search_web(query: str) -> list[str]:
+    """Three canned hits for ``query``."""
+    return [f"{query} result {i}" for i in range(1, 4)]
+
+
+@replayable.tool(side_effect=True)
+def send_email(to: str, body: str) -> str:
+    """Pretend to send an email."""
+    return f"sent to {to}"
+
+
+@replayable.workflow("research")
+def research(topic: str) -> dict[str, Any]:
+    """Search, note the time, mail a summary."""
+    query = topic if VARIANT == "original" else f"{topic} (revised)"
+    hits = search_web(query)
+    at = replayable.now()
+    send_email("team@example.com", f"{len(hits)} hits for {topic}")
+    return {"topic": topic, "hits": hits, "at": at}
+
+
+@replayable.workflow("broken")
+def broken(topic: str) -> None:
+    """Search, then fail."""
+    search_web(topic)
+    raise ValueError(f"cannot summarise {topic}")
+
+
+@replayable.workflow("fanout")
+def fanout(topics: list[str]) -> list[dict[str, Any]]:
+    """One child ``research`` run per topic."""
+    return [research(t) for t in topics]
+
+
+@replayable.tool
+def fetch_filing(company: str) -> str:
+    """Always fails: the registry is down."""
+    raise LookupError(f"no filing for {company}")
+
+
+@replayable.workflow("recovering")
+def recovering(company: str) -> str:
+    """Carry on after a failed tool call."""
+    try:
+        return fetch_filing(company)
+    except LookupError:
+        return "no data"
