@@ -31,7 +31,7 @@ from replayable.replay.live import LiveSession, Policy
 from replayable.replay.session import ReplayResult, ReplaySession, ReplayStatus, Served, Stop
 from replayable.store import EventStore, open_store
 
-__all__ = ["load_entrypoint", "replay"]
+__all__ = ["execute_session", "load_entrypoint", "prepare", "replay"]
 
 
 def load_entrypoint(run: Run) -> Callable[..., Any]:
@@ -200,7 +200,10 @@ def replay(
         )
 
     partial = stop_at is not None
-    events = st.events(run.run_id)
+    events = st.events_until(run.run_id, stop_at) if stop_at is not None else []
+    if stop_at is None or not any(e.seq == stop_at for e in events):
+        partial = False
+        events = st.events(run.run_id)
     if stop_at is not None:
         _check_step(st, run, events, stop_at, "stop_at")
     if fork_at is not None:
@@ -225,16 +228,7 @@ def replay(
                     + ", ".join(sorted(n for n in known if n not in _KINDS)[:20])
                 )
 
-    target = fn or load_entrypoint(run)
-    intercept_http()
-    inputs = decode_tree(orjson.loads(run.start.input))
-    args, kwargs = tuple(inputs["args"]), dict(inputs["kwargs"])
-    wf = workflow_info(target) or WorkflowInfo(
-        name=run.workflow,
-        entrypoint=run.start.entrypoint,
-        fn=target,
-        is_async=inspect.iscoroutinefunction(target),
-    )
+    wf, args, kwargs = prepare(run, fn)
 
     session: ReplaySession | LiveSession
     is_live = fork_at is not None or bool(live_set) or children == "live"
@@ -266,10 +260,24 @@ def replay(
             metadata,
         )
     else:
-        session = ReplaySession(st, run, events, partial=False)
+        session = ReplaySession(st, run, events, partial=partial)
         if stop_at is not None:
             session.pause_hook = _pause_at(session, stop_at)
 
+    result = execute_session(session, run, wf, args, kwargs)
+    if strict and result.divergence is not None:
+        raise ReplayDivergenceError(result.divergence)
+    return result
+
+
+def execute_session(
+    session: ReplaySession | LiveSession,
+    run: Run,
+    wf: WorkflowInfo,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> ReplayResult:
+    """Run the entrypoint under ``session`` and judge the outcome."""
     started = time.perf_counter()
     output: Any = None
     error: BaseException | None = None
@@ -289,13 +297,24 @@ def replay(
             session.writer.flush()
     duration = time.perf_counter() - started
     if isinstance(session, LiveSession):
-        result = _judge_live(session, run, output, error, duration)
-    else:
-        result = _judge(session, run, output, error, duration)
-    if strict and result.divergence is not None:
-        raise ReplayDivergenceError(result.divergence)
-    _ = partial
-    return result
+        return _judge_live(session, run, output, error, duration)
+    return _judge(session, run, output, error, duration)
+
+
+def prepare(
+    run: Run, fn: Callable[..., Any] | None
+) -> tuple[WorkflowInfo, tuple[Any, ...], dict[str, Any]]:
+    """The entrypoint to call and the recorded input to call it with."""
+    target = fn or load_entrypoint(run)
+    intercept_http()
+    inputs = decode_tree(orjson.loads(run.start.input))
+    wf = workflow_info(target) or WorkflowInfo(
+        name=run.workflow,
+        entrypoint=run.start.entrypoint,
+        fn=target,
+        is_async=inspect.iscoroutinefunction(target),
+    )
+    return wf, tuple(inputs["args"]), dict(inputs["kwargs"])
 
 
 _KINDS = frozenset(

@@ -126,6 +126,10 @@ class EventStore(ABC):
     def events(self, run_id: str) -> list[Event]:
         """The run's events ordered by seq (empty for an unknown run)."""
 
+    def events_until(self, run_id: str, seq: int) -> list[Event]:
+        """The run's events up to and including ``seq`` (what a partial replay loads)."""
+        return [e for e in self.events(run_id) if e.seq <= seq]
+
     @abstractmethod
     def iter_run_ids(self) -> Iterator[str]:
         """Every run id, oldest first."""

@@ -320,8 +320,13 @@ class SQLiteStore(EventStore):
         return [self._run_from(row) for row in self._query(sql, params)]
 
     def events(self, run_id: str) -> list[Event]:
-        rows = self._query(f"SELECT {_EVENT_COLS} FROM events WHERE run_id = ? ORDER BY seq",
-                           (run_id,))
+        return self._events("WHERE run_id = ? ORDER BY seq", (run_id,))
+
+    def events_until(self, run_id: str, seq: int) -> list[Event]:
+        return self._events("WHERE run_id = ? AND seq <= ? ORDER BY seq", (run_id, seq))
+
+    def _events(self, where: str, params: tuple[Any, ...]) -> list[Event]:
+        rows = self._query(f"SELECT {_EVENT_COLS} FROM events {where}", params)
         return [
             Event(run_id=r[0], seq=r[1], kind=r[2], name=r[3], key=r[4], parent=r[5],
                   call_site=r[6], request=r[7], fingerprint=r[8], response=r[9], encoding=r[10],
