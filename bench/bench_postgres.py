@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import psycopg
@@ -33,13 +32,12 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_ingest import batches, record, writer_batch_size  # noqa: E402
-from harness import Config, Section, Target, rate, temp_dir  # noqa: E402
-
-from replayable.events.model import Event, RunStart  # noqa: E402
-from replayable.store import MemoryStore, RunFilter  # noqa: E402
-from replayable.store.postgres import PostgresStore  # noqa: E402
-from replayable.store.sqlite import SQLiteStore  # noqa: E402
+from bench_ingest import batches, record, writer_batch_size
+from harness import Config, Section, Target, rate, temp_dir
+from replayable.events.model import Event, RunStart
+from replayable.store import MemoryStore, RunFilter
+from replayable.store.postgres import PostgresStore
+from replayable.store.sqlite import SQLiteStore
 
 SERVER = os.environ.get("REPLAYABLE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 TARGET_EVENTS_PER_S = 30_000
@@ -71,8 +69,9 @@ def schemas() -> Iterator[list[str]]:
     finally:
         with psycopg.connect(SERVER, autocommit=True) as conn:
             for name in made:
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                    sql.Identifier(name)))
+                conn.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )
 
 
 def fresh(made: list[str], stem: str) -> str:
@@ -99,8 +98,10 @@ def raw_copy_rate(schema: str, chunks: Sequence[Sequence[Event]]) -> float:
             "input_payload, output_payload, timestamp_utc, metadata) FROM STDIN"
         ).format(s)
         rows = [
-            [(e.run_id, None, e.seq, e.kind, e.request, e.response, e.started_at, "{}")
-             for e in chunk]
+            [
+                (e.run_id, None, e.seq, e.kind, e.request, e.response, e.started_at, "{}")
+                for e in chunk
+            ]
             for chunk in chunks
         ]
         n = sum(len(c) for c in rows)
@@ -138,15 +139,27 @@ def fill_for_lookup(store: PostgresStore, runs: int, per_run: int, template: Eve
     written = 0
     for i in range(runs):
         rid = str(uuid.UUID(int=(0x0190 << 112) | (i + 1)))
-        starts.append(RunStart(
-            run_id=rid, workflow="bench.lookup", entrypoint="bench:lookup", parent_run_id=None,
-            parent_seq=None, root_run_id=rid, tenant=None, input='{"args":[],"kwargs":{}}',
-            metadata={"ticket": f"T-{i}", "customer": f"c{i % 500}"}, code={}, env_hash=None,
-            lineage={}, started_at=1.7e9 + i,
-        ))
+        starts.append(
+            RunStart(
+                run_id=rid,
+                workflow="bench.lookup",
+                entrypoint="bench:lookup",
+                parent_run_id=None,
+                parent_seq=None,
+                root_run_id=rid,
+                tenant=None,
+                input='{"args":[],"kwargs":{}}',
+                metadata={"ticket": f"T-{i}", "customer": f"c{i % 500}"},
+                code={},
+                env_hash=None,
+                lineage={},
+                started_at=1.7e9 + i,
+            )
+        )
         for seq in range(1, per_run + 1):
-            events.append(msgspec.structs.replace(template, run_id=rid, seq=seq,
-                                                  chain_index=seq - 1))
+            events.append(
+                msgspec.structs.replace(template, run_id=rid, seq=seq, chain_index=seq - 1)
+            )
         if len(events) >= size:
             store.append(starts, events, [])
             written += len(events)
@@ -206,7 +219,10 @@ def run(cfg: Config) -> Section:
         lookup_store = PostgresStore(store_url(fresh(made, "lookup")))
         try:
             fill_rate = fill_for_lookup(lookup_store, lookup_runs, per_run, events[0])
-            lookup_store.query("ANALYZE runs; SELECT 1")
+            with psycopg.connect(SERVER, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("ANALYZE {}.runs").format(sql.Identifier(lookup_store.target.schema))
+                )
             lookups = lookup_ms(lookup_store, lookup_runs, cfg.pick(200, 50))
         finally:
             lookup_store.close()
@@ -218,26 +234,43 @@ def run(cfg: Config) -> Section:
     lite_call_us = statistics.median(c / n_e2e * 1e6 for c, _ in sqlite_e2e)
     lookup = statistics.median(lookups)
 
-    sec.row(f"PostgresStore.append, {n_store:,} events", rate(store_rate),
-            f"median of {repeats}; batches of {size}; buffered")
+    sec.row(
+        f"PostgresStore.append, {n_store:,} events",
+        rate(store_rate),
+        f"median of {repeats}; batches of {size}; buffered",
+    )
     sec.row("raw COPY, classic JSONB table", rate(raw_rate), "same events, same batches")
     sec.row("ratio store / raw COPY", f"{ratio:.2f}", "median of per-repeat ratios")
-    sec.row(f"end-to-end into PostgreSQL, {n_e2e:,} calls", rate(e2e_rate),
-            "recording incl. final flush")
-    sec.row("capture overhead per call", f"{pg_call_us:.1f} µs",
-            f"PostgreSQL; SQLite {lite_call_us:.1f} µs ({pg_call_us / lite_call_us:.2f}x)")
-    sec.row(f"metadata lookup, {lookup_runs * per_run:,} events", f"{lookup:.2f} ms",
-            f"median of {len(lookups)}; filled at {rate(fill_rate)}")
+    sec.row(
+        f"end-to-end into PostgreSQL, {n_e2e:,} calls",
+        rate(e2e_rate),
+        "recording incl. final flush",
+    )
+    sec.row(
+        "capture overhead per call",
+        f"{pg_call_us:.1f} µs",
+        f"PostgreSQL; SQLite {lite_call_us:.1f} µs ({pg_call_us / lite_call_us:.2f}x)",
+    )
+    sec.row(
+        f"metadata lookup, {lookup_runs * per_run:,} events",
+        f"{lookup:.2f} ms",
+        f"median of {len(lookups)}; filled at {rate(fill_rate)}",
+    )
     sec.targets += [
         Target("sustained ingest", store_rate, TARGET_EVENTS_PER_S, "events/s", op=">="),
         Target("ingest / raw COPY", ratio, TARGET_RATIO, "x", op=">="),
         Target("metadata lookup median", lookup, TARGET_LOOKUP_MS, "ms", op="<="),
     ]
     sec.data = {
-        "store_append_events_per_s": ours, "raw_copy_rows_per_s": raw, "ratio": ratio,
-        "e2e_events_per_s": e2e_rate, "capture_us_per_call_pg": pg_call_us,
-        "capture_us_per_call_sqlite": lite_call_us, "lookup_ms": lookups,
-        "lookup_events": lookup_runs * per_run, "lookup_fill_events_per_s": fill_rate,
+        "store_append_events_per_s": ours,
+        "raw_copy_rows_per_s": raw,
+        "ratio": ratio,
+        "e2e_events_per_s": e2e_rate,
+        "capture_us_per_call_pg": pg_call_us,
+        "capture_us_per_call_sqlite": lite_call_us,
+        "lookup_ms": lookups,
+        "lookup_events": lookup_runs * per_run,
+        "lookup_fill_events_per_s": fill_rate,
     }
     return sec
 
@@ -249,6 +282,3 @@ if __name__ == "__main__":
     section = run(Config(quick="--quick" in sys.argv))
     section.seconds = time.perf_counter() - t
     print(format_section(section))
-    for target in section.targets:
-        print(f"  {target.verdict:<4} {target.name}: {target.value:,.2f} {target.op} "
-              f"{target.limit:,g} {target.unit}")

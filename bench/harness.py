@@ -190,6 +190,7 @@ class Section:
     data: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    error: str | None = None
 
     def row(self, label: str, value: str, detail: str = "") -> None:
         self.rows.append(Row(label, value, detail))

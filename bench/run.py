@@ -20,6 +20,7 @@ from typing import Any
 
 import bench_capture
 import bench_ingest
+import bench_postgres
 import bench_replay
 from harness import Config, Section, format_section
 
@@ -29,6 +30,7 @@ DEFAULT_OUTPUT = ROOT / ".replayable" / "bench-results.json"
 BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "capture": bench_capture.run,
     "ingest": bench_ingest.run,
+    "postgres": bench_postgres.run,
     "replay": bench_replay.run,
 }
 
@@ -51,13 +53,15 @@ def _commit() -> str | None:
 def _summary(sections: list[Section], total: float) -> str:
     lines = ["== summary =="]
     for sec in sections:
+        if sec.error is not None:
+            lines.append(f"  ERR   {sec.name:<8} did not run: {sec.error}")
         for t in sec.targets:
             value = "n/a" if t.value is None else f"{t.value:,.2f}"
             lines.append(
                 f"  {t.verdict:<4}  {sec.name:<8} {t.name}: {value} {t.op} {t.limit:,g} {t.unit}"
             )
     cap = next((s for s in sections if s.name == "capture"), None)
-    if cap is not None:
+    if cap is not None and cap.error is None:
         rec = cap.data["recorded_trivial"]["median_ns"] / 1000
         rep = cap.data["replayed_trivial"]["median_ns"] / 1000
         peer = cap.data["peer_reference_us"]
@@ -66,8 +70,11 @@ def _summary(sections: list[Section], total: float) -> str:
             f"replay {rep:.1f} µs (peer {peer['replay']:.0f})"
         )
     missed = sum(1 for s in sections for t in s.targets if t.verdict == "MISS")
+    failed = sum(1 for s in sections if s.error is not None)
     lines.append(
-        f"  {missed} target(s) missed; total {total:.1f} s"
+        f"  {missed} target(s) missed"
+        + (f", {failed} benchmark(s) did not run" if failed else "")
+        + f"; total {total:.1f} s"
         + ("; run with --profile for where the time goes" if missed else "")
     )
     return "\n".join(lines)
@@ -108,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     sections: list[Section] = []
     for name in names:
         t0 = time.perf_counter()
-        sec = BENCHMARKS[name](cfg)
+        try:
+            sec = BENCHMARKS[name](cfg)
+        except Exception as exc:  # one broken benchmark (or a missing server) skips, not stops
+            sec = Section(name, f"{name}: did not run")
+            sec.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            sec.notes.append(sec.error)
         sec.seconds = time.perf_counter() - t0
         sections.append(sec)
         print("\n" + format_section(sec), flush=True)
@@ -133,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmarks": {
             s.name: {
                 "title": s.title,
+                "error": s.error,
                 "seconds": s.seconds,
                 "targets": [t.as_dict() for t in s.targets],
                 "figures": s.data,

@@ -188,3 +188,40 @@ def test_environment_snapshot_redacts_secret_names(
     assert env == {"MY_TOKEN": REDACTED, "REGION": "eu-west-1"}
     assert token.encode() not in blob
     assert token.encode() not in database_bytes(sqlite_path)
+
+
+BASIC_AUTH = "Basic dXNlcjpodW50ZXIyLWNvcnJlY3Q="
+COOKIE = "session=a8f5f167f44f4964e6c998dee827110c"
+
+
+@replayable.tool
+def raw_request(url: str, headers: list[tuple[str, str]]) -> dict[Any, Any]:
+    return {
+        "status": 200,
+        "headers": [["Set-Cookie", COOKIE], ["Content-Type", "text/plain"]],
+        1: {"password": PASSWORD},
+    }
+
+
+def test_headers_as_pairs_redacted(sqlite_store: SQLiteStore, sqlite_path: Path) -> None:
+    """Secrets in [name, value] pairs (headers as a list, non-str-key maps) are redacted."""
+
+    @replayable.workflow
+    def fetch() -> dict[Any, Any]:
+        headers = [("Authorization", BASIC_AUTH), ("Accept", "text/plain")]
+        return raw_request("https://example.test/x", headers)
+
+    with replayable.recording(sqlite_store) as rec:
+        fetch()
+    (event,) = sqlite_store.events(rec.run_ids[0])
+    assert event.request_value()["headers"] == [
+        ["Authorization", REDACTED],
+        ["Accept", "text/plain"],
+    ]
+    response = replayable.replay(rec.run_ids[0], store=sqlite_store, fn=fetch)
+    assert response.status == "identical", response.divergence
+    assert response.output["headers"] == [["Set-Cookie", REDACTED], ["Content-Type", "text/plain"]]
+    assert response.output[1] == {"password": REDACTED}
+    data = database_bytes(sqlite_path)
+    for secret in (BASIC_AUTH.split()[1], COOKIE, PASSWORD):
+        assert secret.encode() not in data

@@ -41,8 +41,10 @@ from replayable.errors import (
     SerializationError,
     StoreError,
 )
+from replayable.diff import RunDiff, diff
 from replayable.events import Event, Run, register_codec
 from replayable.replay import Divergence, ReplayResult, replay
+from replayable.replay.stepper import Stepper
 from replayable.store import EventStore, RunFilter, open_store, verify_run
 
 __version__ = "0.1.0"
@@ -63,15 +65,18 @@ __all__ = [
     "ReplayResult",
     "ReplayableError",
     "Run",
+    "RunDiff",
     "RunFilter",
     "RunNotFoundError",
     "SchemaVersionError",
     "SerializationError",
+    "Stepper",
     "StoreError",
     "__version__",
     "asleep",
     "carry",
     "configure",
+    "diff",
     "llm",
     "now",
     "open_store",

@@ -6,11 +6,13 @@ user message>}``; otherwise it answers ``"Answer: <last user or tool
 text>"``. Streaming responses send one server-sent event per HTTP chunk
 (chunked transfer encoding, keep-alive), so clients see real chunk
 boundaries. ``fail_next`` makes the next requests fail with those statuses
-(for retry tests); ``chunks`` fixes how many text chunks a stream has.
+(for retry tests); ``chunks`` (or a model named ``chunks-<n>``) fixes how many
+text chunks an answer has.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,7 +49,9 @@ def _last_text(messages: list[Any]) -> tuple[str, bool]:
 
 
 class _Script:
-    def __init__(self, provider: FakeProvider, messages: list[Any], tools: list[Any]) -> None:
+    def __init__(
+        self, provider: FakeProvider, messages: list[Any], tools: list[Any], model: str = ""
+    ) -> None:
         text, after_tool = _last_text(messages)
         self.tool: str | None = None
         self.args: dict[str, Any] = {}
@@ -55,8 +59,9 @@ class _Script:
             first = tools[0]
             self.tool = (first.get("function") or {}).get("name") or first.get("name")
             self.args = {"city": text.split()[-1] if text.split() else ""}
-        if provider.chunks is not None:
-            self.pieces = [f"w{i} " for i in range(provider.chunks)]
+        chunks = int(model[7:]) if model.startswith("chunks-") else provider.chunks
+        if chunks is not None:
+            self.pieces = [f"w{i} " for i in range(chunks)]
         else:
             words = f"Answer: {text}".split(" ")
             self.pieces = [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
@@ -68,6 +73,12 @@ class _Script:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in separate writes; without this, delayed ACKs
+        # add tens of milliseconds to every response.
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -138,7 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- OpenAI chat completions ------------------------------------------------------
 
     def _chat(self, body: dict[str, Any], provider: FakeProvider) -> None:
-        s = _Script(provider, body.get("messages", []), body.get("tools") or [])
+        s = _Script(provider, body.get("messages", []), body.get("tools") or [], body["model"])
         base = {
             "id": "chatcmpl-1",
             "object": "chat.completion",
@@ -218,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _responses(self, body: dict[str, Any], provider: FakeProvider) -> None:
         given = body.get("input")
         items = [{"role": "user", "content": given}] if isinstance(given, str) else given or []
-        s = _Script(provider, items, body.get("tools") or [])
+        s = _Script(provider, items, body.get("tools") or [], body["model"])
         if s.tool:
             output: list[Any] = [
                 {
@@ -324,7 +335,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- Anthropic messages --------------------------------------------------------------
 
     def _anthropic(self, body: dict[str, Any], provider: FakeProvider) -> None:
-        s = _Script(provider, body.get("messages", []), body.get("tools") or [])
+        s = _Script(provider, body.get("messages", []), body.get("tools") or [], body["model"])
         usage = {"input_tokens": s.usage_in, "output_tokens": s.usage_out}
         tool_block = {"type": "tool_use", "id": "toolu_1", "name": s.tool, "input": s.args}
         message = {
@@ -458,3 +469,21 @@ class FakeProvider:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main() -> None:
+    """``python tests/integrations/servers.py [chunks]``: serve until stdin closes.
+
+    Prints the port on the first line of stdout.
+    """
+    import sys
+
+    with FakeProvider() as provider:
+        if len(sys.argv) > 1:
+            provider.chunks = int(sys.argv[1])
+        print(provider.port, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

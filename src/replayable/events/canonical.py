@@ -75,8 +75,9 @@ class Redactor:
     """Replaces secrets in a JSON payload before it is fingerprinted or stored.
 
     A value is redacted when its key is a secret-looking name (``authorization``,
-    ``api_key`` …, matched case-insensitively) or when a string matches a
-    secret pattern (``sk-…``, ``Bearer …``). The check runs first over the
+    ``api_key`` …, matched case-insensitively), when it is the second item of a
+    ``[name, value]`` pair with such a name (headers as a list of pairs), or when
+    a string matches a secret pattern (``sk-…``, ``Bearer …``). The check runs first over the
     serialized bytes, so payloads without secrets cost one regex scan.
     """
 
@@ -92,7 +93,8 @@ class Redactor:
         patterns = [*value_patterns, *extra_patterns]
         self._value_re = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
         key_alt = "|".join(re.escape(k) for k in sorted(self.keys, key=len, reverse=True))
-        scan = [rf'"(?i:{key_alt})"\s*:'] if self.keys else []
+        # A secret name followed by ':' (a dict key) or ',' (the name of a pair).
+        scan = [rf'"(?i:{key_alt})"\s*[:,]'] if self.keys else []
         scan.extend(patterns)
         self._scan = re.compile("|".join(f"(?:{p})" for p in scan).encode()) if scan else None
 
@@ -114,6 +116,14 @@ class Redactor:
                     out[k] = self._walk(v)
             return out
         if isinstance(value, list):
+            if (
+                len(value) == 2
+                and isinstance(value[0], str)
+                and value[0].lower() in self.keys
+                and value[1] is not None
+            ):
+                # A (name, value) pair: headers as a list of pairs, a tagged non-str-key map.
+                return [value[0], REDACTED]
             return [self._walk(v) for v in value]
         if isinstance(value, str) and self._value_re is not None:
             return self._value_re.sub(REDACTED, value)

@@ -109,18 +109,25 @@ def _body_value(content_type: str, body: bytes) -> tuple[str, Any]:
         return "content", body
 
 
+def _pairs(headers: Any) -> list[tuple[str, str]]:
+    # One pass over the raw bytes: the libraries' own accessors re-decode every
+    # header on each lookup.
+    return [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in headers.raw]
+
+
 def prepare(request: Any, body: bytes, transport: str) -> Exchange:
     """The recorded form of an outgoing request (auth and volatile headers left out)."""
     url = request.url
     method: str = request.method
     path: str = url.path
     headers: dict[str, str] = {}
-    for k, v in request.headers.multi_items():
+    every: dict[str, str] = {}
+    for k, v in _pairs(request.headers):
+        every[k] = v
         if k in DROPPED_HEADERS or k.startswith(_DROPPED_PREFIXES):
             continue
         headers[k] = f"{headers[k]}, {v}" if k in headers else v
-    all_headers = request.headers
-    kind, name, provider = _wire.classify(method, path, all_headers)
+    kind, name, provider = _wire.classify(method, path, every)
     field, value = _body_value(headers.get("content-type", ""), body)
     req: dict[str, Any] = {"method": method, "path": path}
     if url.query:
@@ -219,11 +226,10 @@ SCOPE: contextvars.ContextVar[RetryScope | None] = contextvars.ContextVar(
 )
 
 
-def _retryable(resp: Any) -> bool:
-    should = resp.headers.get("x-should-retry")
+def _retryable(status: int, headers: dict[str, str]) -> bool:
+    should = headers.get("x-should-retry")
     if should is not None:
-        return bool(should == "true")
-    status: int = resp.status_code
+        return should == "true"
     return status in _RETRY_STATUS or status >= 500
 
 
@@ -250,18 +256,19 @@ def _response_meta(name: str, kind: str, body: Any) -> dict[str, Any]:
     return _wire.describe_response(name, body) if kind == "llm" else {}
 
 
-def _buffered(ex: Exchange, resp: Any, body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    headers = [[k, v] for k, v in resp.headers.multi_items() if k not in _BUFFERED_DROP]
-    field, parsed = _body_value(resp.headers.get("content-type", ""), body)
+def _buffered(
+    ex: Exchange, resp: Any, pairs: list[tuple[str, str]], body: bytes
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    headers = [[k, v] for k, v in pairs if k not in _BUFFERED_DROP]
+    field, parsed = _body_value(dict(pairs).get("content-type", ""), body)
     value = {"status": resp.status_code, "headers": headers, field: parsed}
     meta = _response_meta(ex.name, ex.kind, parsed) if field == "body" else {}
     meta["status"] = resp.status_code
     return value, meta
 
 
-def _is_stream(resp: Any) -> bool:
-    ctype: str = resp.headers.get("content-type", "")
-    return ctype.startswith(_STREAM_TYPES)
+def _is_stream(headers: dict[str, str]) -> bool:
+    return headers.get("content-type", "").startswith(_STREAM_TYPES)
 
 
 def _error_request(exc: BaseException, request: Any) -> BaseException:
@@ -294,10 +301,17 @@ class StreamRecord:
         "t0",
     )
 
-    def __init__(self, call: OpenCall, scope: RetryScope | None, ex: Exchange, resp: Any) -> None:
+    def __init__(
+        self,
+        call: OpenCall,
+        scope: RetryScope | None,
+        ex: Exchange,
+        resp: Any,
+        pairs: list[tuple[str, str]],
+    ) -> None:
         self.call, self.scope, self.ex = call, scope, ex
         self.status: int = resp.status_code
-        self.headers = [[k, v] for k, v in resp.headers.multi_items() if k not in _STREAM_DROP]
+        self.headers = [[k, v] for k, v in pairs if k not in _STREAM_DROP]
         self.parts: list[bytes] = []
         self.marks: list[int] = []
         self.error: BaseException | None = None
@@ -392,16 +406,20 @@ class Flavor:
         except BaseException as exc:
             _settle(call, scope, None, exc, {}, isinstance(exc, self.transport_error))
             raise
-        if _is_stream(resp):
-            resp.stream = self.recording_stream(resp.stream, StreamRecord(call, scope, ex, resp))
+        pairs = _pairs(resp.headers)
+        headers = dict(pairs)
+        if _is_stream(headers):
+            resp.stream = self.recording_stream(
+                resp.stream, StreamRecord(call, scope, ex, resp, pairs)
+            )
             return resp
         try:
             content = resp.read()
         except BaseException as exc:
             _settle(call, scope, None, exc, {}, isinstance(exc, self.transport_error))
             raise
-        value, meta = _buffered(ex, resp, content)
-        _settle(call, scope, value, None, meta, _retryable(resp))
+        value, meta = _buffered(ex, resp, pairs, content)
+        _settle(call, scope, value, None, meta, _retryable(resp.status_code, headers))
         return resp
 
     def served(self, call: OpenCall, request: Any) -> Any:
@@ -435,9 +453,11 @@ class Flavor:
         except BaseException as exc:
             _settle(call, scope, None, exc, {}, isinstance(exc, self.transport_error))
             raise
-        if _is_stream(resp):
+        pairs = _pairs(resp.headers)
+        headers = dict(pairs)
+        if _is_stream(headers):
             resp.stream = self.async_recording_stream(
-                resp.stream, StreamRecord(call, scope, ex, resp)
+                resp.stream, StreamRecord(call, scope, ex, resp, pairs)
             )
             return resp
         try:
@@ -445,8 +465,8 @@ class Flavor:
         except BaseException as exc:
             _settle(call, scope, None, exc, {}, isinstance(exc, self.transport_error))
             raise
-        value, meta = _buffered(ex, resp, content)
-        _settle(call, scope, value, None, meta, _retryable(resp))
+        value, meta = _buffered(ex, resp, pairs, content)
+        _settle(call, scope, value, None, meta, _retryable(resp.status_code, headers))
         return resp
 
     def aserved(self, call: OpenCall, request: Any) -> Any:

@@ -123,6 +123,7 @@ class PostgresStore(EventStore):
         self._read_conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._run_info: dict[str, tuple[str | None, str | None]] = {}
         self._staged = False
+        self._direct: bool | None = None
         self._closed = False
         try:
             self._prepare_schema()
@@ -143,6 +144,7 @@ class PostgresStore(EventStore):
             if write:
                 self._write_conn = conn
                 self._staged = False
+                self._direct = None
             else:
                 self._read_conn = conn
         return conn
@@ -312,13 +314,17 @@ class PostgresStore(EventStore):
                     f"{self.url} has no run {hidden[0]} for tenant {self.tenant!r}; "
                     "a run's start record must be written before its events"
                 )
-        if not self._staged:
+        if self._direct is None:
+            row = conn.execute("SELECT row_security_active('agent_execution_events')").fetchone()
+            self._direct = not (row and row[0])
+        if not self._direct and not self._staged:
             conn.execute(_STAGE_TABLE)
             self._staged = True
         missing = (self.tenant, None)
-        # COPY cannot write through row-level security, so rows land in a
-        # temporary table first and INSERT … SELECT applies the policies.
-        with cur.copy(f"COPY replayable_stage_events ({_STAGE_COLS}) FROM STDIN") as copy:
+        # COPY cannot write through row-level security, so for a role the policies
+        # apply to, rows land in a temporary table and INSERT … SELECT checks them.
+        table = "agent_execution_events" if self._direct else "replayable_stage_events"
+        with cur.copy(f"COPY {table} ({_STAGE_COLS}) FROM STDIN") as copy:
             write = copy.write_row
             for e in events:
                 tenant, parent_run = info.get(e.run_id, missing)
@@ -348,10 +354,11 @@ class PostgresStore(EventStore):
                         tenant,
                     )
                 )
-        cur.execute(
-            f"INSERT INTO agent_execution_events ({_STAGE_COLS}) "
-            f"SELECT {_STAGE_COLS} FROM replayable_stage_events"
-        )
+        if not self._direct:
+            cur.execute(
+                f"INSERT INTO agent_execution_events ({_STAGE_COLS}) "
+                f"SELECT {_STAGE_COLS} FROM replayable_stage_events"
+            )
 
     def put_blob(self, digest: str, data: bytes) -> None:
         with self._write_lock:
