@@ -69,6 +69,20 @@ _DEFAULT_VALUE_PATTERNS: Final = (
     r"\bBearer\s+[A-Za-z0-9._~+/=\-]{8,}",
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
 )
+#: Every default secret key name contains one of these (lower-cased).
+_KEY_FRAGMENTS: Final = ("auth", "key", "pass", "secret", "token", "cookie")
+#: Every default value pattern contains one of these, lower-cased.
+_VALUE_FRAGMENTS: Final = (
+    "sk-",
+    "ghp_",
+    "gho_",
+    "ghs_",
+    "github_pat_",
+    "xox",
+    "akia",
+    "bearer",
+    "private key",
+)
 
 
 class Redactor:
@@ -93,14 +107,37 @@ class Redactor:
         patterns = [*value_patterns, *extra_patterns]
         self._value_re = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
         key_alt = "|".join(re.escape(k) for k in sorted(self.keys, key=len, reverse=True))
-        # A secret name followed by ':' (a dict key) or ',' (the name of a pair).
-        scan = [rf'"(?i:{key_alt})"\s*[:,]'] if self.keys else []
-        scan.extend(patterns)
-        self._scan = re.compile("|".join(f"(?:{p})" for p in scan).encode()) if scan else None
+        # A secret name followed by ':' (a dict key) or ',' (the name of a pair), matched
+        # on the lower-cased payload: a case-insensitive regex costs ten times more.
+        self._key_scan = re.compile(rf'"(?:{key_alt})"\s*[:,]'.encode()) if self.keys else None
+
+        self._value_scan = (
+            re.compile("|".join(f"(?:{p})" for p in patterns).encode()) if patterns else None
+        )
+        # One pass over the lower-cased payload for fragments that every default key
+        # and pattern contains; most payloads hold none, and then nothing else runs.
+        defaults = (
+            not extra_patterns
+            and tuple(value_patterns) == _DEFAULT_VALUE_PATTERNS
+            and all(any(f in k for f in _KEY_FRAGMENTS) for k in self.keys)
+        )
+        self._prefilter = (
+            re.compile(
+                "|".join(re.escape(f) for f in (*_KEY_FRAGMENTS, *_VALUE_FRAGMENTS)).encode()
+            )
+            if defaults
+            else None
+        )
 
     def needs_redaction(self, payload: bytes) -> bool:
         """Whether serialized ``payload`` may hold a secret (a cheap, conservative scan)."""
-        return self._scan is not None and self._scan.search(payload) is not None
+        low = payload.lower()
+        prefilter = self._prefilter
+        if prefilter is not None and prefilter.search(low) is None:
+            return False
+        if self._key_scan is not None and self._key_scan.search(low) is not None:
+            return True
+        return self._value_scan is not None and self._value_scan.search(payload) is not None
 
     def __call__(self, tree: Any) -> Any:
         """A copy of the JSON ``tree`` with secrets replaced by ``[REDACTED]``."""
@@ -191,8 +228,15 @@ def event_hash(event: Event) -> str:
     )
 
 
-def run_seal(head: str, start: RunStart, status: str, output: str | None, error: str | None,
-             ended_at: float, event_count: int) -> str:
+def run_seal(
+    head: str,
+    start: RunStart,
+    status: str,
+    output: str | None,
+    error: str | None,
+    ended_at: float,
+    event_count: int,
+) -> str:
     """The end record's ``last_hash``: the chain head hashed with the run's start and end.
 
     It makes the run records tamper-evident too: editing a finished run's input,
@@ -200,10 +244,28 @@ def run_seal(head: str, start: RunStart, status: str, output: str | None, error:
     """
     return chain_hash(
         head,
-        ("run-seal", start.run_id, start.workflow, start.entrypoint, start.parent_run_id,
-         start.parent_seq, start.root_run_id, start.tenant, start.input, start.metadata,
-         start.code, start.env_hash, start.lineage, start.started_at, start.schema_version,
-         status, output, error, ended_at, event_count),
+        (
+            "run-seal",
+            start.run_id,
+            start.workflow,
+            start.entrypoint,
+            start.parent_run_id,
+            start.parent_seq,
+            start.root_run_id,
+            start.tenant,
+            start.input,
+            start.metadata,
+            start.code,
+            start.env_hash,
+            start.lineage,
+            start.started_at,
+            start.schema_version,
+            status,
+            output,
+            error,
+            ended_at,
+            event_count,
+        ),
     )
 
 
