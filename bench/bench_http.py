@@ -46,7 +46,11 @@ MESSAGES: list[Any] = [{"role": "user", "content": "what is the weather in Paris
 def _server() -> Iterator[str]:
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "integrations" / "servers.py")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True)
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
@@ -73,20 +77,22 @@ def _call(client: openai.OpenAI) -> None:
 
 
 def _stream(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(model=f"chunks-{CHUNKS}", messages=MESSAGES,
-                                            stream=True)
+    stream = client.chat.completions.create(
+        model=f"chunks-{CHUNKS}", messages=MESSAGES, stream=True
+    )
     n = sum(1 for _ in stream)
     assert n >= CHUNKS
 
 
-def _alternate(client: openai.OpenAI, fn: Callable[[openai.OpenAI], None], batch: int,
-               samples: int) -> tuple[list[float], list[float]]:
+def _alternate(
+    client: openai.OpenAI, fn: Callable[[openai.OpenAI], None], batch: int, samples: int
+) -> tuple[list[float], list[float]]:
     """Per-call ns of ``fn`` outside a run and inside it, in alternating batches."""
     clock = time.perf_counter_ns
     plain: list[float] = []
     seam: list[float] = []
     for i in range(samples):
-        for mode in ((0, 1) if i % 2 else (1, 0)):
+        for mode in (0, 1) if i % 2 else (1, 0):
             gc.collect()
             if mode == 0:
                 with _outside_run():
@@ -111,8 +117,12 @@ def http_agent(base_url: str, batch: int, samples: int, stream_samples: int) -> 
                 _call(client)
         call_plain, call_seam = _alternate(client, _call, batch, samples)
         stream_plain, stream_seam = _alternate(client, _stream, 1, stream_samples)
-    return {"call_plain": call_plain, "call_seam": call_seam,
-            "stream_plain": stream_plain, "stream_seam": stream_seam}
+    return {
+        "call_plain": call_plain,
+        "call_seam": call_seam,
+        "stream_plain": stream_plain,
+        "stream_seam": stream_seam,
+    }
 
 
 @replayable.workflow("bench.http.replay")
@@ -157,20 +167,32 @@ def run(cfg: Config) -> Section:
     sec.row("chat call, recorded", us(call_seam), f"ratio {call_seam / call_plain:.3f}")
     sec.row("seam overhead per call", us(call_over))
     sec.row(f"{CHUNKS}-chunk stream, plain", us(stream_plain), f"median of {stream_samples}")
-    sec.row(f"{CHUNKS}-chunk stream, recorded", us(stream_seam),
-            f"ratio {stream_seam / stream_plain:.3f}")
+    sec.row(
+        f"{CHUNKS}-chunk stream, recorded",
+        us(stream_seam),
+        f"ratio {stream_seam / stream_plain:.3f}",
+    )
     sec.row("seam overhead per chunk", us(chunk_over))
-    sec.row("replayed call", us(replay_call),
-            f"{call_plain / replay_call:.1f}x faster than the live local call")
+    sec.row(
+        "replayed call",
+        us(replay_call),
+        f"{call_plain / replay_call:.1f}x faster than the live local call",
+    )
     sec.targets += [
         Target("overhead per non-streaming call", call_over / 1000, TARGET_CALL_US, "µs"),
         Target("overhead per streamed chunk", chunk_over / 1000, TARGET_CHUNK_US, "µs"),
         Target("replayed call / live call", replay_call / call_plain, 1.0, "ratio"),
     ]
-    sec.data = {"call_plain_ns": call_plain, "call_seam_ns": call_seam,
-                "call_overhead_ns": call_over, "stream_plain_ns": stream_plain,
-                "stream_seam_ns": stream_seam, "chunk_overhead_ns": chunk_over,
-                "replay_call_ns": replay_call, "chunks": CHUNKS}
+    sec.data = {
+        "call_plain_ns": call_plain,
+        "call_seam_ns": call_seam,
+        "call_overhead_ns": call_over,
+        "stream_plain_ns": stream_plain,
+        "stream_seam_ns": stream_seam,
+        "chunk_overhead_ns": chunk_over,
+        "replay_call_ns": replay_call,
+        "chunks": CHUNKS,
+    }
     sec.seconds = time.perf_counter() - started
     return sec
 

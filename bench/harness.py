@@ -30,9 +30,11 @@ __all__ = [
     "format_section",
     "ns_per_call",
     "payload_1kb",
+    "rate",
+    "spread",
     "stats",
     "temp_dir",
-    "timed",
+    "us",
 ]
 
 
@@ -92,17 +94,6 @@ def ns_per_call(call: Callable[[Any], Any], arg: Any, batch: int, samples: int) 
             call(arg)
         out.append((clock() - t0) / batch)
     return out
-
-
-@contextlib.contextmanager
-def timed() -> Iterator[list[float]]:
-    """``with timed() as t:`` — ``t[0]`` is the block's wall time in seconds afterwards."""
-    box: list[float] = []
-    t0 = time.perf_counter()
-    try:
-        yield box
-    finally:
-        box.append(time.perf_counter() - t0)
 
 
 @contextlib.contextmanager

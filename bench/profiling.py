@@ -80,9 +80,23 @@ class Table:
         return total
 
 
-def show_profile(prof: cProfile.Profile, title: str, per: int, top: int = 12) -> None:
+def show_profile(
+    profs: cProfile.Profile | list[cProfile.Profile], title: str, per: int, top: int = 12
+) -> None:
     """The ``top`` functions by own time, as µs per event (``per`` events)."""
-    st = pstats.Stats(prof)
+    profs = profs if isinstance(profs, list) else [profs]
+    st: pstats.Stats | None = None
+    for prof in profs:
+        try:
+            if st is None:
+                st = pstats.Stats(prof)
+            else:
+                st.add(prof)
+        except TypeError:  # a profiler that never ran
+            continue
+    if st is None:
+        print(f"-- {title}: no profile data")
+        return
     entries = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
     total = sum(v[2] for _, v in entries)
     print(
@@ -138,32 +152,14 @@ def hot_path(fn: Callable[..., Any], args: tuple[Any, ...], result: Any, name: s
     enc = encode_request(req)
     queue: collections.deque[Any] = collections.deque()
 
+    # fmt: off
     def handoff() -> None:
-        queue.append(
-            (
-                0,
-                (
-                    "run",
-                    1,
-                    "tool",
-                    "lookup",
-                    "r:1",
-                    None,
-                    "site",
-                    enc,
-                    b"{}",
-                    False,
-                    None,
-                    False,
-                    1.0,
-                    1,
-                    None,
-                ),
-                None,
-            )
-        )
+        pending = ("run", 1, "tool", "lookup", "r:1", None, "site", enc, b"{}", False, None,
+                   False, 1.0, 1, None)
+        queue.append((0, pending, None))
         if len(queue) > 4096:
             queue.clear()
+    # fmt: on
 
     t.add("context lookup + wrapper", lambda: micro(_STATE.get, 20000))
     t.add("name arguments (request dict)", lambda: micro(lambda: build(args, {})))
@@ -186,7 +182,7 @@ def hot_path(fn: Callable[..., Any], args: tuple[Any, ...], result: Any, name: s
 def writer_costs(request: Any, result: Any, name: str) -> float:
     """Component costs of what the writer thread does per event (``request``: the tree)."""
     from replayable.capture.config import settings
-    from replayable.events.canonical import Redactor, chain_hash, fingerprint, genesis_hash
+    from replayable.events.canonical import chain_hash, fingerprint, genesis_hash
     from replayable.events.codec import encode_request, encode_value
 
     req = encode_request(request)
@@ -194,26 +190,10 @@ def writer_costs(request: Any, result: Any, name: str) -> float:
     red = settings.redactor
     prev = genesis_hash("run")
     site = "bench/profiling.py:120 in agent"
-    fields = (
-        "run",
-        7,
-        6,
-        "tool",
-        "lookup",
-        "r:6",
-        None,
-        site,
-        req.decode(),
-        "f" * 64,
-        resp.decode(),
-        "json",
-        None,
-        False,
-        1.0,
-        1000,
-        {},
-        1,
-    )
+    # fmt: off
+    fields = ("run", 7, 6, "tool", "lookup", "r:6", None, site, req.decode(), "f" * 64,
+              resp.decode(), "json", None, False, 1.0, 1000, {}, 1)
+    # fmt: on
     t = Table(f"writer thread, {name}: per event")
     t.add(
         "redact request (scan)", lambda: micro(lambda: red.redact_bytes(req), 500), f"{len(req)} B"
@@ -229,13 +209,6 @@ def writer_costs(request: Any, result: Any, name: str) -> float:
     per_event_append = _append_cost(fields, prev)
     t.add("SQLiteStore.append (per event, batch 2048)", lambda: per_event_append)
     total = t.show("sum (writer CPU per event)")
-    keys_only = Redactor(value_patterns=())
-    values_only = Redactor(keys=())
-    print(
-        f"   scan split for the request: secret key names "
-        f"{micro(lambda: keys_only.needs_redaction(req), 500):.2f} µs, value patterns "
-        f"{micro(lambda: values_only.needs_redaction(req), 500):.2f} µs"
-    )
     return total
 
 
@@ -281,30 +254,46 @@ def _append_cost(fields: tuple[Any, ...], prev: str) -> float:
             store.close()
 
 
+#: The writer's per-batch functions, by layout: one function doing the whole batch on
+#: the writer thread, or building there and committing on a committer thread. Each
+#: gets its own profiler, enabled from inside the thread that runs it.
+_WRITER_BATCH_FUNCTIONS = (("_write",), ("_build", "_store_write"))
+
+
 def profile_writer(n: int, big: bool) -> None:
-    """cProfile of the writer thread's batches while recording ``n`` calls."""
+    """cProfile of the writer's batch work (whatever thread runs it) while recording."""
     from replayable.capture.writer import Writer
 
-    prof = cProfile.Profile()
-    original = Writer._write
+    names = next((ns for ns in _WRITER_BATCH_FUNCTIONS if all(hasattr(Writer, m) for m in ns)), ())
+    if not names:
+        print("-- writer: n/a (its batch functions have moved)")
+        return
+    originals = {m: getattr(Writer, m) for m in names}
+    profs = [cProfile.Profile() for _ in names]
 
-    def profiled(self: Writer, batch: list[Any]) -> None:
-        prof.enable()
-        try:
-            original(self, batch)
-        finally:
-            prof.disable()
+    def wrap(original: Callable[..., Any], prof: cProfile.Profile) -> Callable[..., Any]:
+        def profiled(*args: Any, **kwargs: Any) -> Any:
+            prof.enable()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                prof.disable()
+
+        return profiled
 
     with temp_dir("profile-writer") as tmp:
         store = SQLiteStore(tmp / "w.db")
-        Writer._write = profiled  # type: ignore[method-assign]
+        for (m, original), prof in zip(originals.items(), profs, strict=True):
+            setattr(Writer, m, wrap(original, prof))
         try:
             with replayable.recording(store):
                 agent(n, big)
         finally:
-            Writer._write = original  # type: ignore[method-assign]
+            for m, original in originals.items():
+                setattr(Writer, m, original)
             store.close()
-    show_profile(prof, f"writer thread, {'1 KB argument' if big else 'small call'}", n, top=10)
+    what = "1 KB argument" if big else "small call"
+    show_profile(profs, f"writer ({' + '.join(names)}), {what}", n, top=10)
 
 
 def sqlite_layout(size: int, rows: int = 20480) -> None:
@@ -339,30 +328,6 @@ def sqlite_layout(size: int, rows: int = 20480) -> None:
     print(
         f"-- SQLite layout, {size} B request, key (run_id, seq) + index (kind, name): "
         + ", ".join(f"{k} {v:.2f} µs/row" for k, v in out.items())
-    )
-
-
-def redaction_prefilter(payload: bytes) -> None:
-    """The default scan against a literal-first prefilter that admits every payload the
-    scan matches (keys: lower-cased, case-sensitive alternation; values: their literal
-    starts), the full scan running only after a hit."""
-    import re
-
-    from replayable.capture.config import settings
-    from replayable.events.canonical import _DEFAULT_SECRET_KEYS
-
-    keys = sorted(_DEFAULT_SECRET_KEYS, key=len, reverse=True)
-    key_re = re.compile(rb'"(?:' + b"|".join(re.escape(k.encode()) for k in keys) + rb')"\s*:')
-    start_re = re.compile(rb"sk-|gh[pos]_|github_pat_|xox[abpr]-|AKIA|Bearer|-----BEGIN ")
-
-    def prefilter() -> bool:
-        return bool(key_re.search(payload.lower()) or start_re.search(payload))
-
-    current = micro(lambda: settings.redactor.needs_redaction(payload), 500)
-    sketch = micro(prefilter, 500)
-    print(
-        f"-- redaction scan of {len(payload)} B: current {current:.2f} µs; a literal-first "
-        f"prefilter {sketch:.2f} µs ({current / sketch:.1f}x less)"
     )
 
 
@@ -460,7 +425,6 @@ def run(cfg: Config, names: list[str]) -> None:
     if "capture" in names:
         hot_path(lookup.__wrapped__, (PAYLOAD,), result, "1 KB argument")  # type: ignore[attr-defined]
         writer_costs({"request": PAYLOAD}, result, "1 KB argument")
-        redaction_prefilter(orjson.dumps({"request": PAYLOAD}, option=orjson.OPT_SORT_KEYS))
         sqlite_layout(len(orjson.dumps(PAYLOAD)))
         profile_writer(cfg.pick(20_000, 4_000), big=True)
     if "ingest" in names:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -20,6 +21,7 @@ from typing import Any
 
 import bench_capture
 import bench_ingest
+import bench_modes
 import bench_postgres
 import bench_replay
 from harness import Config, Section, format_section
@@ -30,8 +32,11 @@ DEFAULT_OUTPUT = ROOT / ".replayable" / "bench-results.json"
 BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "capture": bench_capture.run,
     "ingest": bench_ingest.run,
-    "postgres": bench_postgres.run,
+    "modes": bench_modes.run,
     "replay": bench_replay.run,
+    # Last: it drives a server process whose background work would otherwise
+    # land on the benchmarks that follow it.
+    "postgres": bench_postgres.run,
 }
 
 
@@ -63,11 +68,12 @@ def _summary(sections: list[Section], total: float) -> str:
     cap = next((s for s in sections if s.name == "capture"), None)
     if cap is not None and cap.error is None:
         rec = cap.data["recorded_trivial"]["median_ns"] / 1000
+        idle = cap.data["recorded_trivial_writer_idle"]["median_ns"] / 1000
         rep = cap.data["replayed_trivial"]["median_ns"] / 1000
         peer = cap.data["peer_reference_us"]
         lines.append(
-            f"  ref   trivial tool call: record {rec:.1f} µs (peer {peer['record']:.0f}), "
-            f"replay {rep:.1f} µs (peer {peer['replay']:.0f})"
+            f"  ref   trivial tool call: record {rec:.1f} µs steady, {idle:.1f} µs writer idle "
+            f"(peer {peer['record']:.0f}); replay {rep:.1f} µs (peer {peer['replay']:.0f})"
         )
     missed = sum(1 for s in sections for t in s.targets if t.verdict == "MISS")
     failed = sum(1 for s in sections if s.error is not None)
@@ -108,12 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"replayable bench ({'quick' if cfg.quick else 'full'}): python "
         f"{platform.python_version()}, {platform.system()} {platform.machine()}, "
-        f"{os.cpu_count()} cpus",
+        f"{os.cpu_count()} cpus, load average {_load()}",
         flush=True,
     )
+    load_start = _load()
     started = time.perf_counter()
     sections: list[Section] = []
-    for name in names:
+    for i, name in enumerate(names):
+        if i:
+            _settle()
         t0 = time.perf_counter()
         try:
             sec = BENCHMARKS[name](cfg)
@@ -141,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "load_average_start": load_start,
+        "load_average_end": _load(),
         "total_s": total,
         "benchmarks": {
             s.name: {
@@ -157,6 +168,23 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"  results written to {_shown(args.output)}")
     return 0
+
+
+def _settle() -> None:
+    """Between benchmarks: free the last one's garbage and let the disk catch up with
+    its writes, so that its aftermath is not timed as part of the next one."""
+    gc.collect()
+    if hasattr(os, "sync"):
+        os.sync()
+    time.sleep(1.0)
+
+
+def _load() -> str:
+    """The 1-minute load average: other work on the machine shows up in every figure."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "n/a"
 
 
 def _shown(path: Path) -> str:

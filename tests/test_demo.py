@@ -132,7 +132,7 @@ def test_scripted_model_noise_is_seeded(contract_review):
 
 
 def test_demo_command_runs_end_to_end(contract_review, tmp_path, monkeypatch):
-    """``replayable demo`` records, replays identically, verifies, and exits 0."""
+    """``replayable demo`` records, replays identically, verifies, forks, diffs, and exits 0."""
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 'cli-demo.db'}"
     result = CliRunner().invoke(app, ["--store", url, "demo"], env={"COLUMNS": "140"})
@@ -141,7 +141,10 @@ def test_demo_command_runs_end_to_end(contract_review, tmp_path, monkeypatch):
     assert "model requests during replay: 0   reports filed during replay: 0" in result.stdout
     assert "demo ok" in result.stdout
     assert (tmp_path / ".replayable" / "demo-reports.jsonl").is_file()
+    assert "risk high; report filing blocked (not executed)" in result.stdout
     listed = CliRunner().invoke(app, ["--store", url, "runs", "--json"])
-    [run] = json.loads(listed.stdout)
-    assert run["workflow"] == "contract_review"
-    assert run["event_count"] == 7
+    fork, run = json.loads(listed.stdout)  # newest first: the fork, then the recording
+    assert run["workflow"] == fork["workflow"] == "contract_review"
+    assert run["event_count"] == fork["event_count"] == 7
+    shown = CliRunner().invoke(app, ["--store", url, "show", fork["run_id"], "--json"])
+    assert json.loads(shown.stdout)["run"]["lineage"]["forked_from"] == run["run_id"]

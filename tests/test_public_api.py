@@ -28,6 +28,7 @@ PROMISED = {
     "verify_run",
     "carry",
     "ContextThreadPoolExecutor",
+    "deterministic",
 }
 
 

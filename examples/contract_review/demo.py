@@ -1,9 +1,12 @@
-"""The contract-review incident, end to end: record, re-run live, replay, verify.
+"""The contract-review incident, end to end: record, re-run live, replay, verify, fork, diff.
 
 ``run_demo`` is what ``replayable demo`` runs. It starts the scripted model,
 records one review of contract ``C-1042`` (the Scottish contract rated "low"),
 shows its timeline, re-runs the agent live to show the answer is not stable,
-replays the recording to show it is, and checks the run's hash chain.
+replays the recording to show it is, and checks the run's hash chain. Then it
+switches the agent to the fixed rules lookup, forks the recording at the
+compliance step (the fixed tool and the risk model call run live, the report
+filing is held back), and diffs the fork against the original.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ from rich.table import Table
 from rich.text import Text
 
 import replayable
+from contract_review import agent
 from contract_review.agent import review_contract
-from contract_review.model_server import serve
-from replayable.cli.render import event_summary, status_text, timeline
+from contract_review.model_server import ModelServer, serve
+from replayable.cli.render import event_mark, event_parts, event_summary, status_text, timeline
+from replayable.diff import RunDiff
+from replayable.events.model import Event
 from replayable.store import EventStore, verify_run
 
 __all__ = ["CONTRACT_ID", "DemoResult", "run_demo"]
@@ -42,16 +48,33 @@ class DemoResult:
     model_requests_during_replay: int = -1
     reports_filed_during_replay: int = -1
     chain_ok: bool = False
+    fork_step: int | None = None
+    fork_run_id: str | None = None
+    fork_status: str = ""
+    fork_output: Any = None
+    fork_blocked: tuple[int, ...] = ()
+    model_requests_during_fork: int = -1
+    reports_filed_during_fork: int = -1
+    diff: RunDiff | None = None
 
     @property
     def ok(self) -> bool:
-        """Replay matched the recording exactly, touched nothing live, and the chain holds."""
+        """Replay matched the recording exactly, touched nothing live, and the chain holds;
+        the fork with the fixed tool rated the contract high without filing a report."""
         return (
             self.replay_status == "identical"
             and self.replay_output == self.recorded_output
             and self.model_requests_during_replay == 0
             and self.reports_filed_during_replay == 0
             and self.chain_ok
+            and self.fork_status == "completed"
+            and isinstance(self.fork_output, dict)
+            and self.fork_output.get("risk") == "high"
+            and bool(self.fork_blocked)
+            and self.reports_filed_during_fork == 0
+            and self.diff is not None
+            and self.diff.first is not None
+            and self.diff.first.left_step == self.fork_step
         )
 
 
@@ -198,6 +221,16 @@ def _run(
         Text(("✓ " if report.ok else "✗ ") + report.message, style="green" if report.ok else "red")
     )
 
+    with (
+        serve(seed=seed) as model,
+        _environ(
+            OPENAI_BASE_URL=model.base_url,
+            OPENAI_API_KEY="demo-key",
+            CONTRACT_REVIEW_REPORTS=str(reports),
+        ),
+    ):
+        _fork_and_diff(store, console, result, model, reports)
+
     console.rule()
     console.print(
         Text(
@@ -206,4 +239,97 @@ def _run(
         )
     )
     console.print(f"explore it: replayable --store {store.url} show {run_id}", markup=False)
+    if result.fork_run_id:
+        console.print(
+            f"            replayable --store {store.url} diff {run_id} {result.fork_run_id}",
+            markup=False,
+        )
     return result
+
+
+def _fork_and_diff(
+    store: EventStore, console: Console, result: DemoResult, model: ModelServer, reports: Path
+) -> None:
+    """Fork the recording at the compliance step with the fixed lookup, then diff the two runs."""
+    console.rule("5. Fix the lookup, fork at the compliance step, diff")
+    run_id = result.run_id
+    step = next(e.seq for e in store.events(run_id) if e.name == "query_compliance_rules")
+    result.fork_step = step
+    requests_before, reports_before = model.requests, _lines(reports)
+    saved, agent.MATCH_MODE = agent.MATCH_MODE, "prefix"
+    try:
+        # The fork runs the current code: the fixed lookup and the risk model call run live;
+        # the report filing is guarded and gets the recorded receipt instead of running.
+        forked = replayable.replay(run_id, store=store, fork_at=step, on_side_effect="recorded")
+    finally:
+        agent.MATCH_MODE = saved
+    result.fork_run_id = forked.new_run_id
+    result.fork_status = forked.status
+    result.fork_output = forked.output
+    result.fork_blocked = forked.blocked
+    result.model_requests_during_fork = model.requests - requests_before
+    result.reports_filed_during_fork = _lines(reports) - reports_before
+    if forked.new_run_id is None or forked.status != "completed":
+        console.print(Text(f"fork {forked.status}", style="red"))
+        if forked.divergence is not None:
+            console.print(forked.divergence.message)
+        return
+    fork_events = store.events(forked.new_run_id)
+    console.print(Text("fork steps: " + _step_groups(fork_events), style="dim"))
+    result.diff = replayable.diff(run_id, forked.new_run_id, store=store)
+    risk = forked.output.get("risk") if isinstance(forked.output, dict) else None
+    blocked = "report filing blocked (not executed)" if forked.blocked else "nothing blocked"
+    console.print(
+        Text.assemble(
+            f"fork at step {step} with the fixed tool → risk ",
+            (str(risk), "bold red" if risk == "high" else "bold"),
+            f"; {blocked}; reports filed during the fork: {result.reports_filed_during_fork}",
+        )
+    )
+    first = result.diff.first
+    if first is not None:
+        console.print(Text.assemble(("diff: ", "bold"), _divergence_line(result.diff)))
+    for change in result.diff.output_changes:
+        if change.path == "risk":
+            console.print(f"diff: output risk {change.old!r} → {change.new!r} ({change.rank})")
+    console.print(Text.assemble("fork run ", (forked.new_run_id, "cyan")))
+
+
+def _divergence_line(diff: RunDiff) -> str:
+    """The first divergence in a few words: the step, and what came back on each side."""
+    first = diff.first
+    assert first is not None
+    pair = next(p for p in diff.pairs if (p.left.seq if p.left else None) == first.left_step)
+    side = (first.field or "").split(".")[0].split("[")[0] or "step"
+    if pair.left is None or pair.right is None or side != "response":
+        return f"first divergence at {first.describe()}"
+    before, after = event_parts(pair.left)[1], event_parts(pair.right)[1]
+    rows = pair.right.response_tree()
+    ids = (
+        [r["rule_id"] for r in rows if isinstance(r, dict) and "rule_id" in r]
+        if isinstance(rows, list)
+        else []
+    )
+    named = f" ({', '.join(ids)})" if ids else ""
+    return (
+        f"first divergence at step {first.left_step}: {first.name} response "
+        f"{before} → {after}{named}"
+    )
+
+
+def _step_groups(events: list[Event]) -> str:
+    """``1-2 replayed · 3-6 live · 7 blocked (file_report)``: how the fork got each step."""
+    groups: list[tuple[str, list[Event]]] = []
+    for event in events:
+        mark = event_mark(event)
+        label = mark.plain if mark is not None else "recorded"
+        if groups and groups[-1][0] == label:
+            groups[-1][1].append(event)
+        else:
+            groups.append((label, [event]))
+    parts = []
+    for label, group in groups:
+        span = f"{group[0].seq}" if len(group) == 1 else f"{group[0].seq}-{group[-1].seq}"
+        named = f" ({group[0].name})" if label == "blocked" and len(group) == 1 else ""
+        parts.append(f"{span} {label}{named}")
+    return " · ".join(parts)

@@ -7,6 +7,7 @@ with ``replay(run_id)``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -27,6 +28,8 @@ from replayable.capture import (
     uuid4,
     workflow,
 )
+from replayable.capture.deterministic import deterministic
+from replayable.diff import RunDiff, diff
 from replayable.errors import (
     AmbiguousRunIdError,
     AppendOnlyError,
@@ -41,7 +44,6 @@ from replayable.errors import (
     SerializationError,
     StoreError,
 )
-from replayable.diff import RunDiff, diff
 from replayable.events import Event, Run, register_codec
 from replayable.replay import Divergence, ReplayResult, replay
 from replayable.replay.stepper import Stepper
@@ -76,6 +78,7 @@ __all__ = [
     "asleep",
     "carry",
     "configure",
+    "deterministic",
     "diff",
     "llm",
     "now",
@@ -102,6 +105,9 @@ def recording(
     tenant: str | None = None,
     durability: Literal["buffered", "durable"] = "buffered",
     env_vars: tuple[str, ...] = (),
+    on_store_failure: Literal["spool", "raise"] | None = None,
+    max_block_s: float | None = None,
+    spool_dir: str | os.PathLike[str] | None = None,
 ) -> Recording:
     """Record every ``@workflow`` call made inside the ``with`` block.
 
@@ -109,7 +115,20 @@ def recording(
     once; ``"durable"`` returns from each boundary only after its event is
     committed (group commit across threads). ``env_vars`` names environment
     variables to snapshot with each run (secret-looking values are redacted).
+
+    When the store is unreachable, ``on_store_failure="spool"`` (the default)
+    keeps the agent running and spools records to a local file under
+    ``spool_dir`` until the store is back; ``"raise"`` makes boundaries raise
+    :class:`StoreError` instead. A durable boundary waits at most
+    ``max_block_s`` seconds (default 5). These settings apply to the store's writer.
     """
     return Recording(
-        store, metadata=metadata, tenant=tenant, durability=durability, env_vars=env_vars
+        store,
+        metadata=metadata,
+        tenant=tenant,
+        durability=durability,
+        env_vars=env_vars,
+        on_store_failure=on_store_failure,
+        max_block_s=max_block_s,
+        spool_dir=spool_dir,
     )

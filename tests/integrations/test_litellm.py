@@ -18,6 +18,9 @@ from tests.integrations.servers import FakeProvider
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import
 litellm = pytest.importorskip("litellm")
 
+# litellm builds pydantic models from ReadOnly TypedDicts; pydantic warns about that.
+pytestmark = pytest.mark.filterwarnings("ignore:.*`ReadOnly` qualifier:UserWarning")
+
 KEY = "sk-test-litellm-abcdefghijklmnopqrstuvwxyz"
 
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from replayable.capture.config import settings
 from replayable.capture.context import _STATE, Lineage, State, install_task_factory
 from replayable.capture.environment import code_fingerprint, environment_snapshot
-from replayable.capture.writer import Writer, writer_for
+from replayable.capture.writer import OnStoreFailure, Writer, writer_for
 from replayable.errors import ConfigurationError, SerializationError
 from replayable.events.canonical import canonical
 from replayable.events.codec import (
@@ -797,6 +797,9 @@ class Recording(Session):
         durability: Durability = "buffered",
         env_vars: tuple[str, ...] = (),
         lineage: Mapping[str, Any] | None = None,
+        on_store_failure: OnStoreFailure | None = None,
+        max_block_s: float | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if durability not in ("buffered", "durable"):
             raise ConfigurationError(
@@ -813,7 +816,12 @@ class Recording(Session):
         self.all_run_ids: list[str] = []
         self._env_hash: str | None = None
         self._tokens: list[Any] = []
-        self.writer = writer_for(self.store)
+        self.writer = writer_for(
+            self.store,
+            on_store_failure=on_store_failure,
+            max_block_s=max_block_s,
+            spool_dir=spool_dir,
+        )
 
     # -- context manager ------------------------------------------------------
 

@@ -5,20 +5,71 @@ hashing, no I/O); the writer thread drains it in batches, redacts and
 fingerprints requests, links each run's hash chain, and writes the batch in
 one transaction (group commit). A durable caller waits on its own record's
 waiter, so many threads share one commit.
+
+A batch is built once: its hash chain links are final from then on, and every
+retry, spool and drain sends the very same records, so a batch the store had
+committed without acknowledging is recognised (by the PostgreSQL store's batch
+digest, or record by record) and never written twice.
+
+Store calls run on a committer thread and the writer waits for each at most
+``0.4 * max_block_s``; a call that takes longer counts as a stalled store.
+
+**Outages.** When the store cannot be reached (a :class:`StoreError` from a
+lost or refused connection, a stall, a locked database), the writer appends
+batches to a local spool file instead (see :mod:`replayable.capture.spool`;
+``spool_dir``, default ``$REPLAYABLE_SPOOL_DIR`` or ``./.replayable/spool``),
+fsynced per batch in durable mode, and retries the store with backoff. When
+the store answers again it drains the spool in order and deletes the file
+once every batch in it is committed; while a spool is pending, new batches
+queue behind it, so each run's records reach the store in order and its
+chain is unbroken. A spool left by a process that ended during an outage is
+adopted and drained by the next writer for the same store. Stores that live
+in memory are not spooled: their batches wait in memory for the retry.
+
+``on_store_failure`` chooses what the agent sees during an outage:
+
+* ``"spool"`` (fail-open, the default): the agent keeps running. A durable
+  boundary returns once its record is fsynced in the spool.
+* ``"raise"`` (fail-closed): handed-off records are still spooled, but every
+  boundary raises :class:`StoreError` until the spool has drained, and a
+  durable boundary raises instead of returning.
+
+Either way a durable boundary waits at most ``max_block_s`` seconds.
+
+**Permanent errors.** A batch the store refuses for a reason a retry cannot
+fix (:class:`AppendOnlyError` for a duplicate, :class:`SchemaVersionError`,
+a record the database cannot hold) is retried record by record: the valid
+records are written, each refused one fails its durable waiter with the
+error and is kept in ``<store key>.rejected.jsonl`` in the spool directory,
+and one :class:`RuntimeWarning` per batch names the store and the error. A
+refused record keeps its place in its run's hash chain, so ``verify`` on
+that run points at the gap.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import logging
+import os
 import threading
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from replayable.capture.config import settings
-from replayable.errors import StoreError
+from replayable.capture.spool import Spool, SpoolBatch, adopt_leftovers, append_rejects
+from replayable.errors import (
+    AppendOnlyError,
+    ConfigurationError,
+    RunNotFoundError,
+    SchemaVersionError,
+    SerializationError,
+    StoreError,
+)
 from replayable.events.canonical import (
     Redactor,
     canonical,
@@ -32,7 +83,11 @@ from replayable.events.model import SCHEMA_VERSION, Event, RunEnd, RunStart
 if TYPE_CHECKING:
     from replayable.store.base import EventStore
 
-__all__ = ["PendingEvent", "Writer", "writer_for"]
+__all__ = ["OnStoreFailure", "PendingEvent", "Writer", "writer_for"]
+
+log = logging.getLogger("replayable.writer")
+
+OnStoreFailure = Literal["spool", "raise"]
 
 #: What a boundary hands off: (run_id, seq, kind, name, key, parent, call_site,
 #: request bytes, response bytes | None, tagged, error bytes | None,
@@ -56,6 +111,49 @@ PendingEvent = tuple[
 ]
 
 _EVENT, _START, _END, _BLOB, _MARK = range(5)
+_LETTER = {_EVENT: "e", _START: "s", _END: "x", _BLOB: "b"}
+_ORDER = {"b": 0, "s": 1, "e": 2, "x": 3}
+_MIN_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
+_PERMANENT = (
+    AppendOnlyError,
+    SchemaVersionError,
+    RunNotFoundError,
+    ConfigurationError,
+    SerializationError,
+)
+
+
+def default_spool_dir() -> Path:
+    """``$REPLAYABLE_SPOOL_DIR``, else ``.replayable/spool`` under the current directory."""
+    return Path(os.environ.get("REPLAYABLE_SPOOL_DIR") or ".replayable/spool").absolute()
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether a failed write would fail again however often it is retried.
+
+    Connection and availability failures are transient; refusals of the data
+    itself (a duplicate, a newer schema, a value the database cannot hold)
+    are permanent.
+    """
+    if isinstance(exc, _PERMANENT):
+        return True
+    if isinstance(exc, StoreError):
+        cause = exc.__cause__
+        if cause is None or isinstance(cause, OSError):
+            return False
+        if type(cause).__name__ in ("OperationalError", "InterfaceError"):
+            return False  # lost connection, timeout, locked database, shutdown
+        # Any other database error (data, integrity, privilege) refuses the data itself.
+        return type(cause).__module__.split(".")[0] in ("psycopg", "sqlite3")
+    return not isinstance(exc, OSError)
+
+
+def _warn(message: str) -> None:
+    # This runs on the writer thread: a warnings filter set to "error" must not stop it.
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    except Exception:
+        log.warning(message)
 
 
 class _Waiter:
@@ -65,6 +163,12 @@ class _Waiter:
         self.done = threading.Event()
         self.error: BaseException | None = None
 
+    def resolve(self, error: BaseException | None) -> None:
+        """Settle the waiter; the first outcome wins."""
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
+
 
 class _Chain:
     __slots__ = ("count", "head")
@@ -72,6 +176,107 @@ class _Chain:
     def __init__(self, run_id: str) -> None:
         self.count = 0
         self.head = genesis_hash(run_id)
+
+
+class _Batch:
+    """Built records in write order, with the waiters to settle once they are written."""
+
+    __slots__ = ("_data", "durable", "marks", "units")
+
+    def __init__(
+        self,
+        units: list[tuple[str, Any, _Waiter | None]],
+        marks: list[_Waiter] | None = None,
+        durable: bool = False,
+    ) -> None:
+        self.units = units
+        self.marks = marks or []
+        self.durable = durable
+        self._data: SpoolBatch | None = None
+
+    @classmethod
+    def from_spool(cls, data: SpoolBatch) -> _Batch:
+        units: list[tuple[str, Any, _Waiter | None]] = [("b", b, None) for b in data.blobs]
+        units += [("s", s, None) for s in data.starts]
+        units += [("e", e, None) for e in data.events]
+        units += [("x", x, None) for x in data.ends]
+        batch = cls(units, durable=True)
+        batch._data = data
+        return batch
+
+    @property
+    def data(self) -> SpoolBatch:
+        if self._data is None:
+            data = SpoolBatch()
+            for kind, record, _ in sorted(self.units, key=lambda u: _ORDER[u[0]]):
+                data.add(kind, record)
+            self._data = data
+        return self._data
+
+    def waiters(self) -> Iterator[_Waiter]:
+        for _, _, waiter in self.units:
+            if waiter is not None:
+                yield waiter
+        yield from self.marks
+
+    def resolve(self, error: BaseException | None) -> None:
+        for waiter in self.waiters():
+            waiter.resolve(error)
+
+
+class _Stalled(StoreError):
+    """A store call did not return within the writer's bound."""
+
+
+class _Committer:
+    """Runs store calls one at a time on its own thread, so a hung call never holds
+    the writer: the writer stops waiting after a bound and the call finishes (or
+    fails) on its own."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._job: tuple[Callable[[], Any], threading.Event, list[Any]] | None = None
+        self._stop = False
+        self.busy = False
+        self._thread = threading.Thread(target=self._run, name="replayable-committer", daemon=True)
+        self._thread.start()
+
+    def call(
+        self, fn: Callable[[], Any], timeout: float, what: str
+    ) -> tuple[Any, Exception | None]:
+        """``(result, None)``, ``(None, error)``, or ``(None, _Stalled)`` after ``timeout``."""
+        if self.busy:
+            return None, _Stalled(f"{what}: the store is still busy with a call that stalled")
+        done = threading.Event()
+        box: list[Any] = [None, None]
+        with self._cond:
+            self.busy = True
+            self._job = (fn, done, box)
+            self._cond.notify()
+        if not done.wait(timeout):
+            return None, _Stalled(f"{what}: no answer within {timeout:.1f}s")
+        return box[0], box[1]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None and not self._stop:
+                    self._cond.wait()
+                if self._job is None:
+                    return
+                fn, done, box = self._job
+                self._job = None
+            try:
+                box[0] = fn()
+            except Exception as exc:
+                box[1] = exc
+            self.busy = False
+            done.set()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
 
 
 class Writer:
@@ -85,20 +290,75 @@ class Writer:
         batch_size: int = 2048,
         interval: float = 0.02,
         durable_timeout: float = 30.0,
+        max_block_s: float = 5.0,
+        on_store_failure: OnStoreFailure = "spool",
+        spool_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.store = store
         self.redactor = redactor or Redactor()
         self.batch_size = batch_size
         self.interval = interval
         self.durable_timeout = durable_timeout
+        self.max_block_s = 5.0
+        self.on_store_failure: OnStoreFailure = "spool"
+        self.spool_dir: Path | None = None
         self._queue: collections.deque[tuple[int, Any, _Waiter | None]] = collections.deque()
         self._wake = threading.Event()
         self._chains: dict[str, _Chain] = {}
         self._starts: dict[str, RunStart] = {}
         self._closed = False
         self.last_error: BaseException | None = None
+        # Outage state, touched only by the writer thread once it runs.
+        self._spool: Spool | None = None
+        self._held: collections.deque[_Batch] = collections.deque()
+        self._leftovers: list[Spool] = []
+        self._down: StoreError | None = None
+        self._backoff = _MIN_BACKOFF
+        self._next_try = 0.0
+        self._drained = threading.Event()
+        self._drained.set()
+        self._committer = _Committer()
+        self.configure(
+            max_block_s=max_block_s,
+            on_store_failure=on_store_failure,
+            spool_dir=spool_dir if spool_dir is not None else default_spool_dir(),
+        )
         self._thread = threading.Thread(target=self._loop, name="replayable-writer", daemon=True)
         self._thread.start()
+
+    def configure(
+        self,
+        *,
+        max_block_s: float | None = None,
+        on_store_failure: OnStoreFailure | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Change the outage settings (see the module docstring)."""
+        if on_store_failure is not None:
+            if on_store_failure not in ("spool", "raise"):
+                raise ConfigurationError(
+                    f"on_store_failure must be 'spool' or 'raise', not {on_store_failure!r}"
+                )
+            self.on_store_failure = on_store_failure
+        if max_block_s is not None:
+            if not max_block_s > 0:
+                raise ConfigurationError(f"max_block_s must be positive, not {max_block_s!r}")
+            self.max_block_s = float(max_block_s)
+        if spool_dir is not None and not self.store.url.startswith("memory:"):
+            directory = Path(spool_dir).absolute()
+            if directory != self.spool_dir and self._spool is None:
+                self.spool_dir = directory
+                # Adopt what an ended process left for this store; drained in the background.
+                found = adopt_leftovers(directory, self.store.url)
+                if found:
+                    self._leftovers.extend(found)
+                    self._drained.clear()
+                    self._wake.set()
+
+    @property
+    def stall_s(self) -> float:
+        """How long the writer waits for one store call before it treats the store as stalled."""
+        return max(0.05, 0.4 * self.max_block_s)
 
     # -- hot path -----------------------------------------------------------
 
@@ -111,11 +371,28 @@ class Writer:
             return
         self._submit_and_wait(_EVENT, pending)
 
+    def _refusing_event(self, pending: PendingEvent, durable: bool = False) -> None:
+        # Installed as ``self.event`` while a fail-closed writer is in an outage,
+        # so the normal path pays nothing for the check.
+        if durable:
+            self._submit_and_wait(_EVENT, pending)
+        else:
+            self._queue.append((_EVENT, pending, None))
+        self._raise_down()
+
+    def _raise_down(self) -> None:
+        down = self._down
+        if down is not None and self.on_store_failure == "raise":
+            raise StoreError(
+                f"{self.store.url} is unavailable and on_store_failure='raise': {down}"
+            ) from down
+
     def start(self, start: RunStart, durable: bool = False) -> None:
         if durable:
             self._submit_and_wait(_START, start)
         else:
             self._queue.append((_START, start, None))
+        self._raise_down()
 
     def end(self, end: tuple[str, str, bytes | None, bytes | None, float], durable: bool) -> None:
         """Hand off a run's outcome; the writer adds the chain head and count."""
@@ -129,19 +406,30 @@ class Writer:
         self._queue.append((_BLOB, (digest, data), None))
 
     def flush(self, timeout: float | None = None) -> None:
-        """Return once everything handed off so far is committed."""
+        """Return once everything handed off so far is committed (or, fail-open, spooled)."""
         if threading.current_thread() is self._thread or self._closed:
             return
-        self._submit_and_wait(_MARK, None, timeout)
+        self._submit_and_wait(_MARK, None, self.durable_timeout if timeout is None else timeout)
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until every spooled batch is in the store; ``False`` if it is not by ``timeout``."""
+        self._next_try = 0.0
+        self._wake.set()
+        return self._drained.wait(timeout)
+
+    @property
+    def spooled(self) -> bool:
+        """Whether records wait in a spool or in memory for the store to come back."""
+        return not self._drained.is_set()
 
     def _submit_and_wait(self, kind: int, item: Any, timeout: float | None = None) -> None:
         waiter = _Waiter()
         self._queue.append((kind, item, waiter))
         self._wake.set()
-        if not waiter.done.wait(self.durable_timeout if timeout is None else timeout):
+        bound = self.max_block_s if timeout is None else timeout
+        if not waiter.done.wait(bound):
             raise StoreError(
-                f"the store {self.store.url} did not commit within "
-                f"{self.durable_timeout if timeout is None else timeout:.0f}s"
+                f"the store {self.store.url} did not commit within {bound:g}s"
                 + (f": {self.last_error}" if self.last_error else "")
             )
         if waiter.error is not None:
@@ -152,57 +440,303 @@ class Writer:
     # -- writer thread ------------------------------------------------------
 
     def _loop(self) -> None:
-        backoff = 0.05
         while True:
             self._wake.wait(self.interval)
             self._wake.clear()
             while self._queue:
-                batch: list[tuple[int, Any, _Waiter | None]] = []
-                while self._queue and len(batch) < self.batch_size:
-                    batch.append(self._queue.popleft())
+                raw: list[tuple[int, Any, _Waiter | None]] = []
+                while self._queue and len(raw) < self.batch_size:
+                    raw.append(self._queue.popleft())
                 try:
-                    self._write(batch)
-                except Exception as exc:
+                    batch = self._build(raw)
+                except StoreError as exc:
+                    # Building an end record may need the run's start from the store;
+                    # nothing has advanced, so put the batch back and retry later.
                     self.last_error = exc
-                    # Put the batch back, in order, and retry after a pause:
-                    # nothing handed off is dropped while the process lives.
-                    self._queue.extendleft(reversed(batch))
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                    continue
-                backoff = 0.05
-                self.last_error = None
-                for _, _, waiter in batch:
-                    if waiter is not None:
-                        waiter.done.set()
-            if self._closed:
+                    self._queue.extendleft(reversed(raw))
+                    time.sleep(self._backoff)
+                    self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+                    break
+                self._persist(batch)
+                if self._due():
+                    self._drain_some()
+            if self._due():
+                self._drain_some()
+            if self._closed and not self._queue:
+                self._shutdown()
                 return
 
-    def _write(self, batch: list[tuple[int, Any, _Waiter | None]]) -> None:
-        starts: list[RunStart] = []
-        events: list[Event] = []
-        ends: list[RunEnd] = []
+    # -- persisting ---------------------------------------------------------
+
+    def _store_write(self, data: SpoolBatch, durable: bool) -> None:
+        for digest, blob in data.blobs:
+            self.store.put_blob(digest, blob)
+        if data.starts or data.events or data.ends:
+            self.store.append(data.starts, data.events, data.ends, durable=durable)
+
+    def _commit(self, batch: _Batch) -> Exception | None:
+        data = batch.data
+        _, error = self._committer.call(
+            lambda: self._store_write(data, batch.durable),
+            self.stall_s,
+            f"writing to {self.store.url}",
+        )
+        return error
+
+    def _backlogged(self) -> bool:
+        return bool(self._held) or (self._spool is not None and self._spool.pending)
+
+    def _due(self) -> bool:
+        if not (self._leftovers or self._backlogged()):
+            return False
+        return time.monotonic() >= self._next_try and not self._committer.busy
+
+    def _persist(self, batch: _Batch) -> None:
+        if self._backlogged():
+            self._hold(batch, self._down or StoreError(f"{self.store.url} is unavailable"))
+            return
+        error = self._commit(batch)
+        if error is None:
+            self._succeeded()
+            batch.resolve(None)
+            return
+        if is_permanent(error):
+            error = self._split(batch, error)
+            if error is None:
+                return
+        self._failed(error)
+        self._hold(batch, error)
+
+    def _succeeded(self) -> None:
+        self._backoff = _MIN_BACKOFF
+        self.last_error = None
+
+    def _failed(self, error: BaseException) -> None:
+        self.last_error = error
+        self._next_try = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+
+    def _hold(self, batch: _Batch, error: BaseException) -> None:
+        """Keep a batch the store cannot take now: in the spool, else in memory."""
+        if self._down is None:
+            if isinstance(error, StoreError):
+                self._down = error
+            else:
+                self._down = StoreError(f"writing to {self.store.url} failed: {error}")
+                self._down.__cause__ = error
+            self._drained.clear()
+            log.warning(
+                "replayable: %s is unavailable (%s); records are %s until it is back",
+                self.store.url,
+                error,
+                "spooled" if self.spool_dir is not None else "kept in memory",
+            )
+            if self.on_store_failure == "raise":
+                self.__dict__["event"] = self._refusing_event
+        closed = self.on_store_failure == "raise"
+        if not self._held and self.spool_dir is not None:
+            try:
+                if self._spool is None:
+                    self._spool = Spool.create(self.spool_dir, self.store.url)
+                self._spool.append(batch.data, fsync=batch.durable)
+            except OSError as exc:
+                _warn(
+                    f"replayable: cannot spool records for {self.store.url} to "
+                    f"{self.spool_dir}: {exc}; keeping them in memory"
+                )
+            else:
+                batch.resolve(self._down if closed else None)
+                return
+        if closed:
+            batch.resolve(self._down)
+        self._held.append(batch)
+
+    def _split(self, batch: _Batch, error: Exception) -> Exception | None:
+        """Write a refused batch record by record; refuse only the records that fail.
+
+        Returns a transient error if the store went away meanwhile (the caller
+        then keeps the whole batch; what was written is recognised on retry).
+        """
+        refused: list[tuple[str, Any, Exception]] = []
+        outcomes: list[tuple[_Waiter | None, Exception | None]] = []
+        for kind, record, waiter in batch.units:
+            single = _Batch([(kind, record, None)], durable=batch.durable)
+            err = error if len(batch.units) == 1 else self._commit(single)
+            if err is not None and not is_permanent(err):
+                return err
+            if err is not None and self._already_stored(kind, record):
+                err = None
+            if err is not None:
+                refused.append((kind, record, err))
+            outcomes.append((waiter, err))
+        self._succeeded()
+        if refused:
+            self._report(refused)
+        for waiter, err in outcomes:
+            if waiter is not None:
+                waiter.resolve(err)
+        for mark in batch.marks:
+            mark.resolve(None)
+        return None
+
+    def _already_stored(self, kind: str, record: Any) -> bool:
+        """Whether the store holds this very record (a retry of a committed write)."""
+
+        def look() -> bool:
+            if kind == "e":
+                return any(
+                    e.seq == record.seq and e.hash == record.hash
+                    for e in self.store.events_until(record.run_id, record.seq)
+                )
+            run = self.store.get_run(record.run_id)
+            if kind == "s":
+                s = run.start
+                return (s.started_at, s.input, s.workflow) == (
+                    record.started_at,
+                    record.input,
+                    record.workflow,
+                )
+            if kind == "x":
+                return run.end is not None and run.end.last_hash == record.last_hash
+            return False
+
+        found, error = self._committer.call(look, self.stall_s, f"reading {self.store.url}")
+        return error is None and bool(found)
+
+    def _report(self, refused: list[tuple[str, Any, Exception]]) -> None:
+        where = ""
+        if self.spool_dir is not None:
+            try:
+                path = append_rejects(
+                    self.spool_dir, self.store.url, ((k, r) for k, r, _ in refused)
+                )
+                where = f"; they are kept in {path}"
+            except OSError as exc:
+                where = f"; they could not be kept ({exc})"
+        kind, record, error = refused[0]
+        first = f"{getattr(record, 'run_id', '')}#{getattr(record, 'seq', kind)}"
+        _warn(
+            f"replayable: {self.store.url} refused {len(refused)} record(s), the first "
+            f"{first}: {type(error).__name__}: {error}{where}"
+        )
+
+    def _drain_some(self, budget: float = 0.2) -> None:
+        """Send spooled and held batches to the store, oldest first, for up to ``budget`` s."""
+        deadline = time.monotonic() + budget
+        while time.monotonic() < deadline and not self._committer.busy:
+            if self._leftovers:
+                if not self._drain_spool(self._leftovers[0]):
+                    return
+                if not self._leftovers[0].pending:
+                    self._leftovers.pop(0).remove()
+                continue
+            if self._spool is not None and self._spool.pending:
+                if not self._drain_spool(self._spool):
+                    return
+                continue
+            if self._held:
+                batch = self._held[0]
+                error = self._commit(batch)
+                if error is not None and is_permanent(error):
+                    error = self._split(batch, error)
+                elif error is None:
+                    batch.resolve(None)
+                if error is not None:
+                    self._failed(error)
+                    return
+                self._held.popleft()
+                continue
+            self._recovered()
+            return
+
+    def _drain_spool(self, spool: Spool) -> bool:
+        """Write the spool's next batch; ``False`` if the store is still unavailable."""
+        try:
+            item = spool.next_batch()
+        except OSError as exc:
+            _warn(f"replayable: cannot read the spool {spool.path}: {exc}")
+            self._failed(exc)
+            return False
+        if item is None:
+            return True
+        data, offset = item
+        batch = _Batch.from_spool(data)
+        error = self._commit(batch)
+        if error is not None and is_permanent(error):
+            error = self._split(batch, error)
+        if error is not None:
+            self._failed(error)
+            return False
+        self._succeeded()
+        spool.advance(offset)
+        return True
+
+    def _recovered(self) -> None:
+        """Everything spooled is in the store: go back to writing directly."""
+        if self._spool is not None:
+            self._spool.remove()
+            self._spool = None
+        if self._down is not None:
+            log.warning("replayable: %s is back; the spool is drained", self.store.url)
+        self._down = None
+        self.__dict__.pop("event", None)
+        self._backoff = _MIN_BACKOFF
+        self._drained.set()
+
+    def _shutdown(self) -> None:
+        self._committer.stop()
+        for spool in (*self._leftovers, *([self._spool] if self._spool else [])):
+            spool.release()  # left for the next writer of this store to drain
+
+    # -- building -----------------------------------------------------------
+
+    def _build(self, raw: list[tuple[int, Any, _Waiter | None]]) -> _Batch:
+        units: list[tuple[str, Any, _Waiter | None]] = []
+        marks: list[_Waiter] = []
+        refused: list[tuple[str, Any, Exception]] = []
         durable = False
-        # Chains advance only once the batch is committed, so a failed batch
-        # is rebuilt identically on retry.
+        # Chains advance only once the whole batch is built, so a batch put back
+        # after a failed lookup is rebuilt identically.
         chains: dict[str, _Chain] = {}
-        for kind, item, waiter in batch:
+        ended: list[str] = []
+        for kind, item, waiter in raw:
             durable = durable or waiter is not None
-            if kind == _EVENT:
-                events.append(self._build_event(item, chains))
-            elif kind == _START:
-                start = self._redact_start(item)
-                self._starts[start.run_id] = start
-                starts.append(start)
-            elif kind == _END:
-                ends.append(self._build_end(item, chains))
-            elif kind == _BLOB:
-                self.store.put_blob(*item)
-        if starts or events or ends:
-            self.store.append(starts, events, ends, durable=durable)
+            if kind == _MARK:
+                if waiter is not None:
+                    marks.append(waiter)
+                continue
+            try:
+                if kind == _EVENT:
+                    record: Any = self._build_event(item, chains)
+                elif kind == _START:
+                    record = self._redact_start(item)
+                elif kind == _END:
+                    record = self._build_end(item, chains)
+                    ended.append(record.run_id)
+                else:
+                    record = item
+            except StoreError as exc:
+                if not is_permanent(exc):
+                    raise
+                refused.append((_LETTER[kind], item, exc))
+                if waiter is not None:
+                    waiter.resolve(exc)
+                continue
+            except Exception as exc:  # a record that cannot be built never will be
+                refused.append((_LETTER[kind], item, exc))
+                if waiter is not None:
+                    waiter.resolve(exc)
+                continue
+            if kind == _START:
+                self._starts[record.run_id] = record
+            units.append((_LETTER[kind], record, waiter))
         self._chains.update(chains)
-        for end in ends:
-            self._chains.pop(end.run_id, None)
+        for run_id in ended:
+            self._chains.pop(run_id, None)
+            self._starts.pop(run_id, None)
+        if refused:
+            self._report(refused)
+        return _Batch(units, marks, durable)
 
     def _chain(self, run_id: str, chains: dict[str, _Chain]) -> _Chain:
         chain = chains.get(run_id)
@@ -314,7 +848,7 @@ class Writer:
         redact = self.redactor.redact_bytes
         out = None if output is None else redact(output).decode()
         err = None if error is None else redact(error).decode()
-        start = self._starts.pop(run_id, None) or self.store.get_run(run_id).start
+        start = self._starts.get(run_id) or self.store.get_run(run_id).start
         return RunEnd(
             run_id=run_id,
             status=status,  # type: ignore[arg-type]
@@ -326,11 +860,21 @@ class Writer:
         )
 
     def close(self) -> None:
-        """Flush and stop the thread."""
+        """Flush, give a pending spool a short chance to drain, and stop the thread.
+
+        A spool that cannot drain now stays on disk for the next writer of the store.
+        """
         if self._closed:
             return
         try:
-            self.flush(timeout=self.durable_timeout)
+            try:
+                self.flush(timeout=self.durable_timeout)
+            except StoreError:
+                if self._spool is None:
+                    raise
+                # Fail-closed: the records are safe in the spool; closing is not the agent.
+            if self.spooled:
+                self.drain(timeout=self.max_block_s)
         finally:
             self._closed = True
             self._wake.set()
@@ -343,14 +887,30 @@ _writers: weakref.WeakKeyDictionary[EventStore, Writer] = weakref.WeakKeyDiction
 _writers_lock = threading.Lock()
 
 
-def writer_for(store: EventStore) -> Writer:
-    """The store's writer, started on first use."""
+def writer_for(
+    store: EventStore,
+    *,
+    max_block_s: float | None = None,
+    on_store_failure: OnStoreFailure | None = None,
+    spool_dir: str | os.PathLike[str] | None = None,
+) -> Writer:
+    """The store's writer, started on first use; given options reconfigure it."""
     with _writers_lock:
         writer = _writers.get(store)
         if writer is None or writer._closed:
-            writer = _writers[store] = Writer(store, redactor=settings.redactor)
+            writer = _writers[store] = Writer(
+                store,
+                redactor=settings.redactor,
+                max_block_s=5.0 if max_block_s is None else max_block_s,
+                on_store_failure=on_store_failure or "spool",
+                spool_dir=spool_dir,
+            )
             store.add_close_hook(writer.close)
-        return writer
+            return writer
+    writer.configure(
+        max_block_s=max_block_s, on_store_failure=on_store_failure, spool_dir=spool_dir
+    )
+    return writer
 
 
 def close_writer(store: EventStore) -> None:

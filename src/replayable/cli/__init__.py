@@ -1,4 +1,4 @@
-"""The ``replayable`` command line: list, show, replay and verify recorded runs.
+"""The ``replayable`` command line: list, show, replay, step through, diff and verify runs.
 
 Every command takes the store from ``--store URL`` (or ``$REPLAYABLE_STORE``,
 else ``sqlite:///./.replayable/runs.db``) and accepts run-id prefixes. A user
@@ -15,8 +15,11 @@ import typer
 from replayable.cli import db as _db
 from replayable.cli import query as _query
 from replayable.cli._context import CliState, ReplayableGroup
+from replayable.cli._diffview import diff
 from replayable.cli._inspect import runs, show, verify
-from replayable.cli._replay import demo, replay
+from replayable.cli._modes import replay, step
+from replayable.cli._replay import demo
+from replayable.cli._tools import tools
 
 __all__ = ["app", "main"]
 
@@ -53,6 +56,9 @@ app.command("demo")(demo)
 app.command("runs")(runs)
 app.command("show")(show)
 app.command("replay")(replay)
+app.command("step")(step)
+app.command("diff")(diff)
+app.command("tools")(tools)
 app.command("verify")(verify)
 _db.register(app)
 _query.register(app)

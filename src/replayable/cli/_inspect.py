@@ -12,7 +12,8 @@ from rich.text import Text
 from replayable.cli._context import fail, state, stdout
 from replayable.cli._options import parse_meta, parse_status, parse_when
 from replayable.cli.jsonview import event_to_dict, run_to_dict
-from replayable.cli.render import run_header, runs_table, timeline
+from replayable.cli.render import runs_table, timeline
+from replayable.cli.runtree import root_run, run_header, run_tree, tree_to_dict
 from replayable.events.model import Run
 from replayable.store import ChainReport, EventStore, RunFilter, verify_run
 
@@ -79,7 +80,11 @@ def show(
         bool, typer.Option("--json", help="Print the run and its events as JSON.")
     ] = False,
 ) -> None:
-    """Show a run: its header, then every recorded event in order."""
+    """Show a run: its header and lineage, its tree of runs, then every event in order.
+
+    Events of a fork or counterfactual run are marked replayed, override,
+    live or blocked.
+    """
     store = state(ctx).store()
     record = store.run(run)
     events = store.events(record.run_id)
@@ -89,12 +94,18 @@ def show(
             {
                 "run": run_to_dict(record, event_count=len(events), detail=True, children=children),
                 "events": [event_to_dict(e) for e in events],
+                "tree": tree_to_dict(store, root_run(store, record)),
             }
         )
         return
     console = stdout()
     console.print(run_header(record, children))
     console.print()
+    tree = run_tree(store, record)
+    if tree is not None:
+        console.print(Text("run tree", style="bold"))
+        console.print(tree)
+        console.print()
     console.print(timeline(events, title=f"{len(events)} event{'' if len(events) == 1 else 's'}"))
 
 

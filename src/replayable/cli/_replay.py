@@ -1,23 +1,18 @@
-"""Commands that execute agent code: ``replay`` and ``demo``."""
+"""The ``demo`` command, and finding the agent code that replays import."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
-import orjson
 import typer
-from rich.panel import Panel
-from rich.text import Text
 
 import replayable
 from replayable.cli._context import fail, state, stdout
-from replayable.cli.render import status_text
-from replayable.errors import ReplayDivergenceError
 
-__all__ = ["DEMO_STORE_URL", "demo", "find_examples", "replay"]
+__all__ = ["DEMO_STORE_URL", "agent_paths", "demo", "find_examples"]
 
 DEMO_STORE_URL: Final = "sqlite:///./.replayable/demo.db"
 
@@ -28,76 +23,13 @@ def _importable(path: Path) -> None:
         sys.path.insert(0, entry)
 
 
-def _json_text(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
-
-
-def replay(
-    ctx: typer.Context,
-    run: Annotated[str, typer.Argument(help="Run id or a unique prefix of one.")],
-    strict: Annotated[
-        bool, typer.Option("--strict", help="Stop at the first divergence instead of reporting it.")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-) -> None:
-    """Re-execute a recorded run against its tape; exit 0 if identical, 1 otherwise.
-
-    The run's entrypoint is imported by name, so run this from the directory
-    the agent was recorded in (it is put on the import path).
-    """
-    store = state(ctx).store()
-    run_id = store.resolve(run)
+def agent_paths() -> None:
+    """Make recorded entrypoints importable: the current directory first, then the
+    bundled examples last on the path (the demo's agent imports, and shadows nothing)."""
     _importable(Path.cwd())
     examples = find_examples()
     if examples is not None and str(examples) not in sys.path:
-        # Last on the path: the bundled demo's agent imports, and shadows nothing.
         sys.path.append(str(examples))
-    try:
-        result = replayable.replay(run_id, store=store, strict=strict)
-    except ReplayDivergenceError as exc:
-        if as_json:
-            typer.echo(
-                _json_text(
-                    {"run_id": run_id, "status": "diverged", "divergence": exc.divergence.to_dict()}
-                )
-            )
-        else:
-            stdout().print(Text("diverged", style="yellow"), Panel(exc.divergence.message))
-        raise typer.Exit(1) from None
-    error = result.error
-    if as_json:
-        typer.echo(
-            _json_text(
-                {
-                    "run_id": result.run_id,
-                    "status": result.status,
-                    "events_served": result.events_served,
-                    "output": result.output,
-                    "error": None
-                    if error is None
-                    else {"type": type(error).__name__, "message": str(error)},
-                    "divergence": None
-                    if result.divergence is None
-                    else result.divergence.to_dict(),
-                }
-            )
-        )
-    else:
-        console = stdout()
-        console.print(
-            Text.assemble("replay of ", (result.run_id, "cyan"), ": ", status_text(result.status))
-        )
-        console.print(f"events served: {result.events_served}")
-        if error is not None:
-            console.print(Text(f"raised {type(error).__name__}: {error}", style="red"))
-        elif result.divergence is None:
-            console.print("output:", _json_text(result.output), markup=False, soft_wrap=True)
-        if result.divergence is not None:
-            console.print(
-                Panel(result.divergence.message, title="divergence", border_style="yellow")
-            )
-    if result.status != "identical":
-        raise typer.Exit(1)
 
 
 def find_examples() -> Path | None:

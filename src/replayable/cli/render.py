@@ -21,19 +21,21 @@ from replayable.events.model import Event, Run
 
 __all__ = [
     "STATUS_STYLES",
+    "call_args",
     "decoded",
+    "event_mark",
     "event_parts",
     "event_summary",
     "format_duration",
     "format_time",
     "plain",
     "run_duration",
-    "run_header",
     "runs_table",
     "short_ids",
     "short_value",
     "status_text",
     "timeline",
+    "type_name",
 ]
 
 STATUS_STYLES: Final = {
@@ -92,7 +94,8 @@ def short_value(value: Any, width: int = 40) -> str:
     return _clip(text, width)
 
 
-def _call_args(request: Any) -> str:
+def call_args(request: Any) -> str:
+    """A call's arguments as ``a, b, key=value``, each value shortened."""
     if isinstance(request, dict) and set(request) <= {"args", "kwargs"}:
         args = request.get("args") or []
         kwargs = request.get("kwargs") or {}
@@ -139,7 +142,7 @@ def _completion_text(value: Any) -> str | None:
     return short_value(content, 48) if content is not None else "empty message"
 
 
-def _type_name(error: Mapping[str, Any]) -> str:
+def type_name(error: Mapping[str, Any]) -> str:
     """``ValueError`` for a builtin, ``module:Name`` for anything else."""
     name = str(error.get("type", "?"))
     return name.removeprefix("builtins:")
@@ -148,7 +151,7 @@ def _type_name(error: Mapping[str, Any]) -> str:
 def _result(event: Event) -> tuple[str, bool]:
     err = event.error_value()
     if err is not None:
-        return f"raised {_type_name(err)}: {err.get('message', '')}", True
+        return f"raised {type_name(err)}: {err.get('message', '')}", True
     if event.response is None:
         return "(no response)", False
     value = plain(event.response_tree())
@@ -168,7 +171,7 @@ def event_parts(event: Event) -> tuple[str, str, bool]:
     request = event.request_value()
     args = _llm_args(request) if event.kind == "llm" else None
     if args is None:
-        args = _call_args(request)
+        args = call_args(request)
     result, failed = _result(event)
     return args, result, failed
 
@@ -292,58 +295,6 @@ def decoded(text: str | None) -> Any:
     return None if text is None else plain(orjson.loads(text))
 
 
-def run_header(run: Run, children: Sequence[Run] = ()) -> Table:
-    """Key facts about a run as a two-column grid."""
-    s = run.start
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
-    grid.add_row("run", Text(s.run_id, style="cyan"))
-    grid.add_row("workflow", s.workflow)
-    grid.add_row("entrypoint", s.entrypoint)
-    grid.add_row("status", status_text(run.status))
-    grid.add_row("started", format_time(s.started_at))
-    if run.ended_at is not None:
-        grid.add_row(
-            "ended", f"{format_time(run.ended_at)}  ({format_duration(run_duration(run))})"
-        )
-    grid.add_row("tenant", s.tenant or "—")
-    grid.add_row("input", _input_text(s.input))
-    if run.end is not None and run.end.output is not None:
-        grid.add_row("output", short_value(decoded(run.end.output), 100))
-    if run.end is not None and run.end.error is not None:
-        err = decoded(run.end.error) or {}
-        grid.add_row("error", Text(f"{_type_name(err)}: {err.get('message', '')}", style="red"))
-    grid.add_row("metadata", _pairs(s.metadata))
-    grid.add_row("code", _pairs(s.code))
-    if s.env_hash:
-        grid.add_row("env", s.env_hash[:16])
-    if s.parent_run_id:
-        where = f" at step {s.parent_seq}" if s.parent_seq is not None else ""
-        grid.add_row("parent", f"{s.parent_run_id}{where}")
-    if s.root_run_id and s.root_run_id != s.run_id:
-        grid.add_row("root", s.root_run_id)
-    grid.add_row("lineage", _pairs(s.lineage))
-    if children:
-        grid.add_row(
-            "children", "\n".join(f"{c.run_id}  {c.workflow}  {c.status}" for c in children)
-        )
-    return grid
-
-
-def _input_text(encoded: str) -> str:
-    tree = decoded(encoded)
-    if isinstance(tree, dict) and set(tree) <= {"args", "kwargs"}:
-        return f"({_call_args(tree)})"
-    return short_value(tree, 100)
-
-
-def _pairs(mapping: Mapping[str, Any]) -> str:
-    if not mapping:
-        return "—"
-    return "  ".join(f"{k}={short_value(plain(v), 48)}" for k, v in mapping.items())
-
-
 # -- timeline -----------------------------------------------------------------
 
 
@@ -354,10 +305,35 @@ def _depths(events: Sequence[Event]) -> dict[int, int]:
     return depth
 
 
+#: How a replay that ran something live obtained each event, from the event's metadata.
+_MARKS: Final = (
+    ("side_effect_blocked", "blocked", "bold magenta"),
+    ("override", "override", "bold cyan"),
+    ("live", "live", "bold green"),
+    ("replayed_from", "replayed", "dim"),
+)
+
+
+def event_mark(event: Event) -> Text | None:
+    """``blocked``, ``override``, ``live`` or ``replayed`` for an event of a fork or
+    counterfactual run; ``None`` for an event recorded in production."""
+    for key, label, style in _MARKS:
+        if event.metadata.get(key):
+            return Text(label, style=style)
+    return None
+
+
 def timeline(events: Sequence[Event], *, title: str | None = None) -> RenderableType:
-    """The run's events in seq order with summaries, timings and the gap to the next event."""
+    """The run's events in seq order with summaries, timings and the gap to the next event.
+
+    Events of a fork or counterfactual run carry a ``via`` column: replayed
+    from the tape, overridden, live, or a blocked side effect.
+    """
     table = Table(title=title, show_edge=False, pad_edge=False, header_style="bold")
     table.add_column("seq", justify="right", no_wrap=True)
+    marks = [event_mark(e) for e in events]
+    if any(marks):
+        table.add_column("via", no_wrap=True)
     table.add_column("kind", no_wrap=True, style="blue")
     table.add_column("name", no_wrap=True)
     # The only column that may shrink; its cells clip themselves to one line.
@@ -376,8 +352,10 @@ def timeline(events: Sequence[Event], *, title: str | None = None) -> Renderable
         gap = None
         if i + 1 < len(events):
             gap = events[i + 1].started_at - (event.started_at + event.duration_ns / 1e9)
+        via = [marks[i] or ""] if any(marks) else []
         table.add_row(
             str(event.seq),
+            *via,
             event.kind,
             name,
             _Call(args, result, "red" if failed else ""),

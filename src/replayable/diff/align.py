@@ -46,16 +46,38 @@ def _same_call(a: Event, b: Event) -> bool:
 def _align_middle(
     left: Sequence[Event], right: Sequence[Event]
 ) -> list[tuple[Event | None, Event | None]]:
+    """Anchor on identical calls first, then pair what lies between by kind and name."""
     if not left or not right:
         return [(e, None) for e in left] + [(None, e) for e in right]
+    exact = difflib.SequenceMatcher(None, _calls(left), _calls(right), autojunk=False)
+    out: list[tuple[Event | None, Event | None]] = []
+    for tag, i1, i2, j1, j2 in exact.get_opcodes():
+        if tag == "equal":
+            out.extend(zip(left[i1:i2], right[j1:j2], strict=True))
+        else:
+            out.extend(_align_by_name(left[i1:i2], right[j1:j2]))
+    return out
+
+
+def _calls(events: Sequence[Event]) -> list[tuple[str, str, str]]:
+    return [(e.kind, e.name, e.fingerprint) for e in events]
+
+
+def _align_by_name(
+    left: Sequence[Event], right: Sequence[Event]
+) -> list[tuple[Event | None, Event | None]]:
+    if not left or not right:
+        return [(e, None) for e in left] + [(None, e) for e in right]
+    if len(left) == len(right) and _tokens(left) == _tokens(right):
+        return list(zip(left, right, strict=True))
     matcher = difflib.SequenceMatcher(None, _tokens(left), _tokens(right), autojunk=False)
     out: list[tuple[Event | None, Event | None]] = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             out.extend(zip(left[i1:i2], right[j1:j2], strict=True))
         elif tag == "replace":
-            # Different calls in the same place: show them side by side, the
-            # surplus on either side as removed or inserted.
+            # Different calls in the same place: side by side, the surplus on
+            # either side as removed or inserted.
             k = min(i2 - i1, j2 - j1)
             out.extend(zip(left[i1 : i1 + k], right[j1 : j1 + k], strict=True))
             out.extend((e, None) for e in left[i1 + k : i2])

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 __all__ = ["DEFAULT_IGNORE", "DEFAULT_SIGNIFICANT", "Comparer", "FieldChange", "Rank"]
 
 Rank = Literal["structural", "significant", "text", "noise"]
@@ -64,7 +66,7 @@ class FieldChange:
 
     @property
     def where(self) -> str:
-        return f"{self.side}.{self.path}" if self.path else self.side
+        return _join(self.side, self.path)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,34 +78,54 @@ class FieldChange:
         }
 
 
+def _join(side: str, path: str) -> str:
+    if not path:
+        return side
+    return f"{side}{path}" if path.startswith("[") else f"{side}.{path}"
+
+
+#: Fields of a model response that change on every call (provider ids, timestamps, usage).
+LLM_VOLATILE = frozenset(
+    {"id", "created", "system_fingerprint", "usage", "x_request_id", "request_id", "service_tier"}
+)
+
+
 class Comparer:
     """Compares JSON trees. Key order and number spelling are noise by construction
     (trees are compared as values); whitespace-only string changes are noise;
     ``ignore`` paths are noise; ``significant`` paths outrank everything but
-    structure; free text ranks below structured values."""
+    structure; free text ranks below structured values. JSON carried inside a
+    string (a model's structured answer) is compared as JSON."""
 
     def __init__(
         self, ignore: Iterable[str] = (), significant: Iterable[str] = (), *, defaults: bool = True
     ) -> None:
         self.ignore = tuple(ignore) + (DEFAULT_IGNORE if defaults else ())
         self.significant = tuple(significant) + (DEFAULT_SIGNIFICANT if defaults else ())
+        alts = [fnmatch.translate(p) for p in self.ignore]
+        alts += [fnmatch.translate(f"*.{p}") for p in self.ignore]
+        self._ignore_re = re.compile("|".join(alts)) if alts else None
+        sig = [fnmatch.translate(p) for p in self.significant]
+        self._significant_re = re.compile("|".join(sig)) if sig else None
+        # Paths repeat across steps (response.price in every lookup): judge each once.
+        self._ranks: dict[tuple[str, bool, bool], Rank] = {}
 
-    def _ignored(self, where: str) -> bool:
-        return any(
-            fnmatch.fnmatchcase(where, p) or fnmatch.fnmatchcase(where, f"*.{p}")
-            for p in self.ignore
-        )
-
-    def _significant(self, where: str) -> bool:
-        last = where.rsplit(".", 1)[-1].split("[", 1)[0].lower()
-        return any(
-            fnmatch.fnmatchcase(last, p) or fnmatch.fnmatchcase(where, p) for p in self.significant
-        )
-
-    def compare(self, side: str, old: Any, new: Any) -> list[FieldChange]:
-        """Every leaf difference between ``old`` and ``new``, ranked."""
+    def compare(
+        self, side: str, old: Any, new: Any, *, kind: str | None = None
+    ) -> list[FieldChange]:
+        """Every leaf difference between ``old`` and ``new``, ranked. For ``kind="llm"``
+        provider ids, timestamps and usage are noise."""
         out: list[FieldChange] = []
+        if old == new and type(old) is type(new):
+            return out
         self._walk(side, "", _untag(old), _untag(new), out)
+        if kind == "llm":
+            out = [
+                FieldChange(c.side, c.path, c.old, c.new, "noise")
+                if _last(c.path) in LLM_VOLATILE or _has_volatile_parent(c.path)
+                else c
+                for c in out
+            ]
         return out
 
     def _walk(self, side: str, path: str, old: Any, new: Any, out: list[FieldChange]) -> None:
@@ -141,26 +163,57 @@ class Comparer:
             if _WORDS.sub(" ", old).strip() == _WORDS.sub(" ", new).strip():
                 out.append(FieldChange(side, path, old, new, "noise"))
                 return
+            inner = _json_pair(old, new)
+            if inner is not None:
+                self._walk(side, path, inner[0], inner[1], out)
+                return
             text = _is_text(old) or _is_text(new)
-            out.append(self._change(side, path, old, new, structural=False, text=text))
+            out.append(self._change(side, path, old, new, structural=not text))
             return
         out.append(self._change(side, path, old, new, structural=True))
 
-    def _change(
-        self, side: str, path: str, old: Any, new: Any, *, structural: bool, text: bool = False
-    ) -> FieldChange:
-        where = f"{side}.{path}" if path else side
-        if self._ignored(where) or self._ignored(path):
-            rank: Rank = "noise"
-        elif self._significant(where):
-            rank = "significant"
-        elif text:
-            rank = "text"
-        elif structural or not text:
-            rank = "structural"
-        else:
-            rank = "text"
+    def _change(self, side: str, path: str, old: Any, new: Any, *, structural: bool) -> FieldChange:
+        key = (_join(side, path), structural, True)
+        rank = self._ranks.get(key)
+        if rank is None:
+            where = key[0]
+            if self._matches(self._ignore_re, where) or self._matches(self._ignore_re, path):
+                rank = "noise"
+            elif self._significant(where):
+                rank = "significant"
+            else:
+                rank = "structural" if structural else "text"
+            self._ranks[key] = rank
         return FieldChange(side, path, old, new, rank)
+
+    @staticmethod
+    def _matches(rx: re.Pattern[str] | None, text: str) -> bool:
+        return rx is not None and rx.match(text) is not None
+
+    def _significant(self, where: str) -> bool:
+        last = _last(where).lower()
+        return self._matches(self._significant_re, last) or self._matches(
+            self._significant_re, where
+        )
+
+
+def _last(path: str) -> str:
+    return path.rsplit(".", 1)[-1].split("[", 1)[0]
+
+
+def _has_volatile_parent(path: str) -> bool:
+    return any(part.split("[", 1)[0] == "usage" for part in path.split("."))
+
+
+def _json_pair(old: str, new: str) -> tuple[Any, Any] | None:
+    """Both strings parsed as JSON objects or arrays, else ``None``."""
+    a, b = old.lstrip()[:1], new.lstrip()[:1]
+    if a not in ("{", "[") or b not in ("{", "["):
+        return None
+    try:
+        return orjson.loads(old), orjson.loads(new)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _is_text(value: str) -> bool:

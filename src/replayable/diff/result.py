@@ -1,4 +1,4 @@
-"""``replayable.diff(a, b)``: the aligned steps of two runs and their first meaningful divergence."""
+"""``replayable.diff(a, b)``: two runs aligned step by step, and where they first part."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def _pair(comparer: Comparer, a: Event | None, b: Event | None) -> StepPair:
     if a.fingerprint != b.fingerprint:
         changes += comparer.compare("request", _tree(a.request), _tree(b.request))
     if a.response != b.response:
-        changes += comparer.compare("response", _tree(a.response), _tree(b.response))
+        changes += comparer.compare("response", _tree(a.response), _tree(b.response), kind=a.kind)
     if a.error != b.error:
         changes += comparer.compare("error", _tree(a.error), _tree(b.error))
     if not changes:

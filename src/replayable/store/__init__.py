@@ -39,7 +39,7 @@ def open_store(url: str | EventStore | None = None) -> EventStore:
         path = rest[1:] if rest.startswith("/") else rest
         if not path:
             raise ConfigurationError(f"store URL {url!r} names no database file")
-        return SQLiteStore(Path(path) if path == ":memory:" else Path(path))
+        return SQLiteStore(Path(path))
     if scheme in ("postgresql", "postgresql+psycopg"):
         from replayable.store.postgres import PostgresStore
 
