@@ -79,7 +79,7 @@ def run(cfg: Config) -> Section:
                     if r.status != "paused" or r.events_served != n - 1:
                         raise RuntimeError(f"stop_at={n}: {r.status}, {r.events_served} served")
 
-                def full(short: str = short) -> None:
+                def full(short: str = short, n: int = n) -> None:
                     r = replayable.replay(short, store=store, fn=agent)
                     if r.status != "identical":
                         raise RuntimeError(f"replay of {n} events: {r.status}")
