@@ -76,12 +76,14 @@ def encode_output(value: Any) -> bytes:
     return canonical(to_tree(value))
 
 
-def _serialization_error(what: str, exc: UnencodableError, step: int | None) -> SerializationError:
+def _serialization_error(
+    what: str, exc: UnencodableError, step: int | None, boundary: str | None = None
+) -> SerializationError:
     where = f" at step {step}" if step is not None else ""
     return SerializationError(
         f"{what}{where} cannot be recorded: {exc}; teach replayable the type with "
         "replayable.register_codec()",
-        boundary=what,
+        boundary=boundary,
         step=step,
         type_name=exc.type_name,
         path=exc.path,
@@ -240,7 +242,7 @@ class RecordingCall(OpenCall):
             resp, tagged = encode_value(value)
         except UnencodableError as exc:
             err = _serialization_error(
-                f"the value returned by {self.kind} {self.name!r}", exc, self.seq
+                f"the value returned by {self.kind} {self.name!r}", exc, self.seq, self.name
             )
             self._emit(None, False, encode_error(err))
             raise err from None
@@ -530,7 +532,7 @@ class RecordRun(RunContext):
         try:
             return encode_request(request)
         except UnencodableError as exc:
-            raise _serialization_error(f"the request of {name!r}", exc, seq) from None
+            raise _serialization_error(f"the request of {name!r}", exc, seq, name) from None
 
     def _respond(
         self,
@@ -550,7 +552,7 @@ class RecordRun(RunContext):
         try:
             resp, tagged = encode_value(result)
         except UnencodableError as exc:
-            err = _serialization_error(f"the value returned by {kind} {name!r}", exc, seq)
+            err = _serialization_error(f"the value returned by {kind} {name!r}", exc, seq, name)
             self.emit(
                 seq,
                 kind,
@@ -637,7 +639,7 @@ class RecordRun(RunContext):
         try:
             req = encode_request(request)
         except UnencodableError as exc:
-            raise _serialization_error(f"the request of {name!r}", exc, None) from None
+            raise _serialization_error(f"the request of {name!r}", exc, None, name) from None
         return RecordingCall(self, st, kind, name, req, side_effect, meta, site)
 
     def span(self, st: State, name: str, attrs: Mapping[str, Any]) -> int | None:
@@ -876,7 +878,9 @@ class Recording(Session):
         try:
             input_json = encode_input(args, kwargs)
         except UnencodableError as exc:
-            raise _serialization_error(f"the input of workflow {wf.name!r}", exc, None) from None
+            raise _serialization_error(
+                f"the input of workflow {wf.name!r}", exc, None, wf.name
+            ) from None
         parent_run, parent_seq = parent if parent is not None else (None, None)
         root = parent_run.root_run_id if parent_run is not None else run_id
         start = RunStart(
