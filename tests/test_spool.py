@@ -185,6 +185,27 @@ def test_fail_closed_raises_at_the_agent(
         store.close()
 
 
+def test_fail_closed_buffered_raises_at_the_next_boundary(
+    urls: tuple[str, str], proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """Buffered, fail-closed: once the outage is seen the next boundary raises; nothing is lost."""
+    via, direct = urls
+    store = PostgresStore(via)
+    writer = writer_for(store, max_block_s=BOUND, spool_dir=tmp_path, on_store_failure="raise")
+    HOOKS.update({5: proxy.cut, 6: lambda: wait_until(lambda: writer.spooled)})
+    try:
+        rec = replayable.recording(store)
+        with pytest.raises(StoreError, match="on_store_failure='raise'"), rec:
+            outage_agent(20)
+        assert len(TOOK) == 6, "the boundary after the outage was seen raised"
+        proxy.restore()
+        assert writer.drain(timeout=15)
+        # The call that raised had run, so its event is kept with the others.
+        check_runs(direct, rec.run_ids, 7, status="failed")
+    finally:
+        store.close()
+
+
 def test_spool_of_an_ended_process_is_drained_on_next_start(
     urls: tuple[str, str], proxy: FaultProxy, tmp_path: Path
 ) -> None:

@@ -383,9 +383,15 @@ class Writer:
     def _raise_down(self) -> None:
         down = self._down
         if down is not None and self.on_store_failure == "raise":
-            raise StoreError(
-                f"{self.store.url} is unavailable and on_store_failure='raise': {down}"
-            ) from down
+            raise self._refusal(down)
+
+    def _refusal(self, down: StoreError) -> StoreError:
+        where = f" (records are kept in {self.spool_dir})" if self.spool_dir else ""
+        error = StoreError(
+            f"{self.store.url} is unavailable and on_store_failure='raise'{where}: {down}"
+        )
+        error.__cause__ = down
+        return error
 
     def start(self, start: RunStart, durable: bool = False) -> None:
         if durable:
@@ -533,7 +539,7 @@ class Writer:
             )
             if self.on_store_failure == "raise":
                 self.__dict__["event"] = self._refusing_event
-        closed = self.on_store_failure == "raise"
+        refusal = self._refusal(self._down) if self.on_store_failure == "raise" else None
         if not self._held and self.spool_dir is not None:
             try:
                 if self._spool is None:
@@ -545,10 +551,10 @@ class Writer:
                     f"{self.spool_dir}: {exc}; keeping them in memory"
                 )
             else:
-                batch.resolve(self._down if closed else None)
+                batch.resolve(refusal)
                 return
-        if closed:
-            batch.resolve(self._down)
+        if refusal is not None:
+            batch.resolve(refusal)
         self._held.append(batch)
 
     def _split(self, batch: _Batch, error: Exception) -> Exception | None:
@@ -878,6 +884,9 @@ class Writer:
         finally:
             self._closed = True
             self._wake.set()
+            if threading.current_thread() is not self._thread:
+                # Let the thread release its spool, so the next writer can adopt it.
+                self._thread.join(timeout=self.max_block_s)
             with _writers_lock:
                 if _writers.get(self.store) is self:
                     del _writers[self.store]
