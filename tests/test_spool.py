@@ -197,11 +197,14 @@ def test_fail_closed_buffered_raises_at_the_next_boundary(
         rec = replayable.recording(store)
         with pytest.raises(StoreError, match="on_store_failure='raise'"), rec:
             outage_agent(20)
-        assert len(TOOK) == 6, "the boundary after the outage was seen raised"
+        # The writer may see the reset while step 5 runs (its next batch fails at
+        # once) or only once the hook at step 6 has waited for the spool: either way
+        # the first boundary after the outage was seen raised.
+        assert len(TOOK) in (5, 6), "the boundary after the outage was seen raised"
         proxy.restore()
         assert writer.drain(timeout=15)
         # The call that raised had run, so its event is kept with the others.
-        check_runs(direct, rec.run_ids, 7, status="failed")
+        check_runs(direct, rec.run_ids, len(TOOK) + 1, status="failed")
     finally:
         store.close()
 

@@ -2,9 +2,10 @@
 
 Inside ``with replayable.deterministic():`` (or on a function decorated with
 it), calls the agent's own code makes to ``time.time()``,
-``datetime.datetime.now()`` / ``utcnow()`` / ``today()``, ``datetime.date.today()``, ``uuid.uuid4()``
-and the module-level functions of ``random`` are recorded as ``clock``,
-``uuid`` and ``random`` events, and a replay returns the recorded values.
+``datetime.datetime.now()`` / ``utcnow()`` / ``today()``,
+``datetime.date.today()``, ``uuid.uuid4()`` and the module-level functions
+of ``random`` are recorded as ``clock``, ``uuid`` and ``random`` events,
+and a replay returns the recorded values.
 
 How it stays out of everyone else's way:
 

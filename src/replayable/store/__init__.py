@@ -10,8 +10,15 @@ from replayable.store.base import EventStore, RunFilter
 from replayable.store.memory import MemoryStore
 from replayable.store.verify import ChainReport, verify_run
 
-__all__ = ["DEFAULT_STORE_URL", "ChainReport", "EventStore", "MemoryStore", "RunFilter",
-           "open_store", "verify_run"]
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "ChainReport",
+    "EventStore",
+    "MemoryStore",
+    "RunFilter",
+    "open_store",
+    "verify_run",
+]
 
 DEFAULT_STORE_URL = "sqlite:///./.replayable/runs.db"
 

@@ -22,8 +22,16 @@ __all__ = ["EventStore", "RunFilter"]
 class RunFilter:
     """Which runs ``list_runs`` returns; every given condition must hold."""
 
-    __slots__ = ("limit", "metadata", "parent_run_id", "roots_only", "since", "status", "until",
-                 "workflow")
+    __slots__ = (
+        "limit",
+        "metadata",
+        "parent_run_id",
+        "roots_only",
+        "since",
+        "status",
+        "until",
+        "workflow",
+    )
 
     def __init__(
         self,

@@ -64,11 +64,15 @@ def _triggers() -> str:
     return "\n".join(parts)
 
 
-_EVENT_COLS = ("run_id, seq, kind, name, key, parent, call_site, request, fingerprint, response, "
-               "encoding, error, side_effect, started_at, duration_ns, metadata, chain_index, "
-               "prev_hash, hash, schema_version")
-_RUN_COLS = ("run_id, workflow, entrypoint, parent_run_id, parent_seq, root_run_id, tenant, "
-             "input, metadata, code, env_hash, lineage, started_at, schema_version")
+_EVENT_COLS = (
+    "run_id, seq, kind, name, key, parent, call_site, request, fingerprint, response, "
+    "encoding, error, side_effect, started_at, duration_ns, metadata, chain_index, "
+    "prev_hash, hash, schema_version"
+)
+_RUN_COLS = (
+    "run_id, workflow, entrypoint, parent_run_id, parent_seq, root_run_id, tenant, "
+    "input, metadata, code, env_hash, lineage, started_at, schema_version"
+)
 _END_COLS = "run_id, status, output, error, ended_at, event_count, last_hash, schema_version"
 
 
@@ -150,8 +154,9 @@ class SQLiteStore(EventStore):
                 c.execute("BEGIN IMMEDIATE")
                 # Read the version before touching anything else: a newer schema may
                 # have changed the tables our CREATE statements refer to.
-                c.execute("CREATE TABLE IF NOT EXISTS meta "
-                          "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                c.execute(
+                    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+                )
                 row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 if row is not None:
                     version = _parse_version(row[0])
@@ -181,9 +186,22 @@ class SQLiteStore(EventStore):
         durable: bool = False,
     ) -> None:
         run_rows = [
-            (s.run_id, s.workflow, s.entrypoint, s.parent_run_id, s.parent_seq, s.root_run_id,
-             s.tenant, s.input, _dumps(s.metadata), _dumps(s.code), s.env_hash, _dumps(s.lineage),
-             s.started_at, s.schema_version)
+            (
+                s.run_id,
+                s.workflow,
+                s.entrypoint,
+                s.parent_run_id,
+                s.parent_seq,
+                s.root_run_id,
+                s.tenant,
+                s.input,
+                _dumps(s.metadata),
+                _dumps(s.code),
+                s.env_hash,
+                _dumps(s.lineage),
+                s.started_at,
+                s.schema_version,
+            )
             for s in starts
         ]
         tag_rows = [
@@ -193,15 +211,41 @@ class SQLiteStore(EventStore):
             if not isinstance(v, (dict, list))
         ]
         event_rows = [
-            (e.run_id, e.seq, e.kind, e.name, e.key, e.parent, e.call_site, e.request,
-             e.fingerprint, e.response, e.encoding, e.error, int(e.side_effect), e.started_at,
-             e.duration_ns, _dumps(e.metadata), e.chain_index, e.prev_hash, e.hash,
-             e.schema_version)
+            (
+                e.run_id,
+                e.seq,
+                e.kind,
+                e.name,
+                e.key,
+                e.parent,
+                e.call_site,
+                e.request,
+                e.fingerprint,
+                e.response,
+                e.encoding,
+                e.error,
+                int(e.side_effect),
+                e.started_at,
+                e.duration_ns,
+                _dumps(e.metadata),
+                e.chain_index,
+                e.prev_hash,
+                e.hash,
+                e.schema_version,
+            )
             for e in events
         ]
         end_rows = [
-            (r.run_id, r.status, r.output, r.error, r.ended_at, r.event_count, r.last_hash,
-             r.schema_version)
+            (
+                r.run_id,
+                r.status,
+                r.output,
+                r.error,
+                r.ended_at,
+                r.event_count,
+                r.last_hash,
+                r.schema_version,
+            )
             for r in ends
         ]
         with self._write_lock:
@@ -210,15 +254,19 @@ class SQLiteStore(EventStore):
                 c.execute("PRAGMA synchronous=FULL" if durable else "PRAGMA synchronous=NORMAL")
                 c.execute("BEGIN IMMEDIATE")
                 if run_rows:
-                    c.executemany(f"INSERT INTO runs ({_RUN_COLS}) VALUES "
-                                  f"({','.join('?' * 14)})", run_rows)
+                    c.executemany(
+                        f"INSERT INTO runs ({_RUN_COLS}) VALUES ({','.join('?' * 14)})", run_rows
+                    )
                     c.executemany("INSERT OR IGNORE INTO run_tags VALUES (?, ?, ?)", tag_rows)
                 if event_rows:
-                    c.executemany(f"INSERT INTO events ({_EVENT_COLS}) VALUES "
-                                  f"({','.join('?' * 20)})", event_rows)
+                    c.executemany(
+                        f"INSERT INTO events ({_EVENT_COLS}) VALUES ({','.join('?' * 20)})",
+                        event_rows,
+                    )
                 if end_rows:
-                    c.executemany(f"INSERT INTO run_ends ({_END_COLS}) VALUES "
-                                  f"({','.join('?' * 8)})", end_rows)
+                    c.executemany(
+                        f"INSERT INTO run_ends ({_END_COLS}) VALUES ({','.join('?' * 8)})", end_rows
+                    )
                 c.execute("COMMIT")
             except sqlite3.IntegrityError as exc:
                 c.execute("ROLLBACK")
@@ -254,22 +302,41 @@ class SQLiteStore(EventStore):
         return self._run_from(rows[0])
 
     def _select_runs(self) -> str:
-        return (f"SELECT r.{_RUN_COLS.replace(', ', ', r.')}, e.{_END_COLS.replace(', ', ', e.')} "
-                "FROM runs r LEFT JOIN run_ends e ON e.run_id = r.run_id")
+        return (
+            f"SELECT r.{_RUN_COLS.replace(', ', ', r.')}, e.{_END_COLS.replace(', ', ', e.')} "
+            "FROM runs r LEFT JOIN run_ends e ON e.run_id = r.run_id"
+        )
 
     @staticmethod
     def _run_from(row: Sequence[Any]) -> Run:
         start = RunStart(
-            run_id=row[0], workflow=row[1], entrypoint=row[2], parent_run_id=row[3],
-            parent_seq=row[4], root_run_id=row[5], tenant=row[6], input=row[7],
-            metadata=orjson.loads(row[8]), code=orjson.loads(row[9]), env_hash=row[10],
-            lineage=orjson.loads(row[11]), started_at=row[12], schema_version=row[13],
+            run_id=row[0],
+            workflow=row[1],
+            entrypoint=row[2],
+            parent_run_id=row[3],
+            parent_seq=row[4],
+            root_run_id=row[5],
+            tenant=row[6],
+            input=row[7],
+            metadata=orjson.loads(row[8]),
+            code=orjson.loads(row[9]),
+            env_hash=row[10],
+            lineage=orjson.loads(row[11]),
+            started_at=row[12],
+            schema_version=row[13],
         )
         end = None
         if len(row) > 14 and row[14] is not None:
-            end = RunEnd(run_id=row[14], status=row[15], output=row[16], error=row[17],
-                         ended_at=row[18], event_count=row[19], last_hash=row[20],
-                         schema_version=row[21])
+            end = RunEnd(
+                run_id=row[14],
+                status=row[15],
+                output=row[16],
+                error=row[17],
+                ended_at=row[18],
+                event_count=row[19],
+                last_hash=row[20],
+                schema_version=row[21],
+            )
         return Run(start=start, end=end)
 
     def find_run_ids(self, prefix: str, limit: int = 6) -> list[str]:
@@ -328,11 +395,28 @@ class SQLiteStore(EventStore):
     def _events(self, where: str, params: tuple[Any, ...]) -> list[Event]:
         rows = self._query(f"SELECT {_EVENT_COLS} FROM events {where}", params)
         return [
-            Event(run_id=r[0], seq=r[1], kind=r[2], name=r[3], key=r[4], parent=r[5],
-                  call_site=r[6], request=r[7], fingerprint=r[8], response=r[9], encoding=r[10],
-                  error=r[11], side_effect=bool(r[12]), started_at=r[13], duration_ns=r[14],
-                  metadata=orjson.loads(r[15]), chain_index=r[16], prev_hash=r[17], hash=r[18],
-                  schema_version=r[19])
+            Event(
+                run_id=r[0],
+                seq=r[1],
+                kind=r[2],
+                name=r[3],
+                key=r[4],
+                parent=r[5],
+                call_site=r[6],
+                request=r[7],
+                fingerprint=r[8],
+                response=r[9],
+                encoding=r[10],
+                error=r[11],
+                side_effect=bool(r[12]),
+                started_at=r[13],
+                duration_ns=r[14],
+                metadata=orjson.loads(r[15]),
+                chain_index=r[16],
+                prev_hash=r[17],
+                hash=r[18],
+                schema_version=r[19],
+            )
             for r in rows
         ]
 
@@ -348,4 +432,3 @@ class SQLiteStore(EventStore):
             for conn in self._readers:
                 conn.close()
             self._readers.clear()
-

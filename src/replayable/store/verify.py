@@ -41,27 +41,49 @@ def verify_run(store: EventStore, run_id: str) -> ChainReport:
     prev = genesis_hash(run_id)
     for position, event in enumerate(events):
         if event.chain_index != position:
-            return ChainReport(run_id, False, position, event.seq,
-                               f"chain position {event.chain_index} found where {position} belongs "
-                               "(an event was removed)")
+            return ChainReport(
+                run_id,
+                False,
+                position,
+                event.seq,
+                f"chain position {event.chain_index} found where {position} belongs "
+                "(an event was removed)",
+            )
         if event.prev_hash != prev:
-            return ChainReport(run_id, False, position, event.seq,
-                               "link to the previous event does not match")
+            return ChainReport(
+                run_id, False, position, event.seq, "link to the previous event does not match"
+            )
         expected = event_hash(event)
         if event.hash != expected:
-            return ChainReport(run_id, False, position, event.seq,
-                               "content does not match its hash (the event was altered)")
+            return ChainReport(
+                run_id,
+                False,
+                position,
+                event.seq,
+                "content does not match its hash (the event was altered)",
+            )
         prev = event.hash
     end = run.end
     if end is not None:
         if end.event_count != len(events):
-            return ChainReport(run_id, False, len(events), None,
-                               f"end record expects {end.event_count} events, found "
-                               f"{len(events)} (events were removed or added)")
-        seal = run_seal(prev, run.start, end.status, end.output, end.error, end.ended_at,
-                        end.event_count)
+            return ChainReport(
+                run_id,
+                False,
+                len(events),
+                None,
+                f"end record expects {end.event_count} events, found "
+                f"{len(events)} (events were removed or added)",
+            )
+        seal = run_seal(
+            prev, run.start, end.status, end.output, end.error, end.ended_at, end.event_count
+        )
         if end.last_hash != seal:
-            return ChainReport(run_id, False, len(events), None,
-                               "the run's start or end record does not match its seal "
-                               "(input, metadata, outcome or chain head was altered)")
+            return ChainReport(
+                run_id,
+                False,
+                len(events),
+                None,
+                "the run's start or end record does not match its seal "
+                "(input, metadata, outcome or chain head was altered)",
+            )
     return ChainReport(run_id, True, len(events))
