@@ -46,7 +46,7 @@ __all__ = [
 
 TAG: Final = "$t"
 _OPTS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
-_REQ_OPTS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+_REQ_OPTS: Final = orjson.OPT_SORT_KEYS  # non-str keys take the to_tree path
 _PLAIN_ROOTS: Final = frozenset({dict, list, str, int, float, bool, type(None)})
 _SCALARS: Final = frozenset({str, int, bool, type(None)})
 _I64_MIN: Final = -(2**63)

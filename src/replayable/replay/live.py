@@ -59,6 +59,16 @@ class Policy:
     on_side_effect: Literal["stop", "recorded"] = "stop"
 
 
+def _fingerprint_of(kind: str, name: str, req: bytes, ev: Event | None) -> str:
+    """The redacted request's fingerprint; the scan is skipped when the raw request
+    already matches what was recorded (see ``request_fingerprint``)."""
+    if ev is not None:
+        fp = fingerprint(kind, name, req)
+        if fp == ev.fingerprint:
+            return fp
+    return fingerprint(kind, name, settings.redactor.redact_bytes(req))
+
+
 @dataclass(slots=True)
 class _Decision:
     action: Literal["serve", "override", "live", "blocked"]
@@ -97,9 +107,9 @@ class LiveReplayRun(RecordRun):
         seq = self.next_seq()
         key = st.lineage.next_key()
         req = self._request(request, name, seq)
-        fp = fingerprint(kind, name, settings.redactor.redact_bytes(req))
         tape = self.tape
         ev = tape.at(key)
+        fp = _fingerprint_of(kind, name, req, ev)
         same_call = ev is not None and ev.kind == kind and ev.name == name and not tape.served(ev)
         exact = same_call and ev is not None and ev.fingerprint == fp
         guarded = side_effect or name in pol.guarded

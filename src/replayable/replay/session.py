@@ -38,6 +38,7 @@ __all__ = [
     "Stop",
     "aexecute_replay",
     "execute_replay",
+    "request_fingerprint",
 ]
 
 ReplayStatus = Literal["identical", "diverged", "failed", "incomplete", "paused", "completed"]
@@ -79,6 +80,24 @@ class ReplayResult:
     @property
     def ok(self) -> bool:
         return self.status == "identical"
+
+
+def request_fingerprint(
+    kind: str, name: str, request: Any, recorded: Event | None = None
+) -> tuple[bytes, str]:
+    """The canonical, redacted request and its fingerprint, as the recording computed them.
+
+    When the unredacted request already hashes to the recorded fingerprint, the
+    stored request is byte-identical to it (it held nothing to redact), so the
+    redaction scan is skipped: the common case on replay costs one hash.
+    """
+    raw = encode_request(request)
+    if recorded is not None:
+        fp = fingerprint(kind, name, raw)
+        if fp == recorded.fingerprint:
+            return raw, fp
+    req = settings.redactor.redact_bytes(raw)
+    return req, fingerprint(kind, name, req)
 
 
 class _ServedCall(OpenCall):
@@ -158,36 +177,45 @@ class ReplayRun(RunContext):
         """The recorded event at this call's causal position and the call as asked."""
         self.session.check()
         key = st.lineage.next_key()
-        req = settings.redactor.redact_bytes(encode_request(request))
-        fp = fingerprint(kind, name, req)
         ev = self.tape.at(key)
         if ev is None and self.partial:
             # Only a prefix was loaded (stop_at); fetch the rest before judging.
             self.tape.extend(self.session.store.events(self.run_id))
             self.partial = False
             ev = self.tape.at(key)
-        actual = ActualCall(
+        req, fp = request_fingerprint(kind, name, request, ev)
+        return ev, ActualCall(
             kind=kind, name=name, key=key, request=req, fingerprint=fp, call_site=site
         )
-        return ev, actual
 
     def _serve(self, st: State, kind: str, name: str, request: Any, site: str | None) -> Event:
-        ev, actual = self.match(st, kind, name, request, site)
+        self.session.check()
+        key = st.lineage.next_key()
+        tape = self.tape
+        ev = tape.at(key)
+        if ev is None and self.partial:
+            tape.extend(self.session.store.events(self.run_id))
+            self.partial = False
+            ev = tape.at(key)
+        req, fp = request_fingerprint(kind, name, request, ev)
         if (
             ev is not None
-            and ev.fingerprint == actual.fingerprint
+            and ev.fingerprint == fp
             and ev.kind == kind
             and ev.name == name
-            and not self.tape.served(ev)
+            and not tape.served(ev)
         ):
             hook = self.session.pause_hook
             if hook is not None:
                 hook(ev)
-            self.tape.take(ev)
+            tape.take(ev)
             self.session.events_served += 1
             return ev
-        if ev is None and not self.complete and self.tape.remaining() == 0:
+        if ev is None and not self.complete and tape.remaining() == 0:
             raise self.session.stop(None)
+        actual = ActualCall(
+            kind=kind, name=name, key=key, request=req, fingerprint=fp, call_site=site
+        )
         raise self.session.stop(self.divergence(ev, actual))
 
     def divergence(self, ev: Event | None, actual: ActualCall) -> Divergence:

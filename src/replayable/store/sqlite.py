@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS events (
     chain_index INTEGER NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
     schema_version INTEGER NOT NULL,
     PRIMARY KEY (run_id, seq)
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS events_kind_name ON events (kind, name);
 CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
 """
