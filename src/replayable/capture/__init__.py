@@ -16,7 +16,7 @@ from replayable.capture.boundaries import (
 )
 from replayable.capture.config import configure, settings
 from replayable.capture.context import ContextThreadPoolExecutor, carry
-from replayable.capture.runtime import Recording
+from replayable.capture.recording import Recording
 
 __all__ = [
     "ContextThreadPoolExecutor",

@@ -19,13 +19,9 @@ import msgspec
 
 from replayable.capture.config import settings
 from replayable.capture.context import State
-from replayable.capture.runtime import (
-    OpenCall,
-    Recording,
-    RecordingCall,
-    RecordRun,
-    WorkflowInfo,
-)
+from replayable.capture.record import RecordingCall, RecordRun
+from replayable.capture.recording import Recording
+from replayable.capture.runtime import OpenCall, WorkflowInfo
 from replayable.events.canonical import fingerprint
 from replayable.events.codec import encode_request, encode_value
 from replayable.events.model import Event, Run

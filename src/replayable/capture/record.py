@@ -1,0 +1,613 @@
+"""A run being recorded: boundaries run for real and their events go to the writer."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from replayable.capture.context import _STATE, State
+from replayable.capture.runtime import (
+    OpenCall,
+    RunContext,
+    WorkflowInfo,
+    serialization_error,
+)
+from replayable.capture.writer import Writer
+from replayable.events.codec import UnencodableError, encode_error, encode_request, encode_value
+
+if TYPE_CHECKING:
+    from replayable.capture.recording import Recording
+
+__all__ = ["RecordRun", "RecordingCall"]
+
+
+class RecordingCall(OpenCall):
+    __slots__ = (
+        "_done",
+        "key",
+        "kind",
+        "metadata",
+        "name",
+        "parent",
+        "req",
+        "run",
+        "seq",
+        "side_effect",
+        "site",
+        "started",
+        "t0",
+    )
+
+    def __init__(
+        self,
+        run: RecordRun,
+        st: State,
+        kind: str,
+        name: str,
+        req: bytes,
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+        position: tuple[int, str] | None = None,
+    ) -> None:
+        self.run, self.kind, self.name, self.req = run, kind, name, req
+        self.seq, self.key = position or (run.next_seq(), st.lineage.next_key())
+        self.parent = st.parent
+        self.side_effect, self.site = side_effect, site
+        self.metadata = dict(meta or {})
+        self.started = time.time()
+        self.t0 = time.perf_counter_ns()
+        self._done = False
+
+    def finish(self, value: Any, meta: Mapping[str, Any] | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if meta:
+            self.metadata.update(meta)
+        try:
+            resp, tagged = encode_value(value)
+        except UnencodableError as exc:
+            err = serialization_error(
+                f"the value returned by {self.kind} {self.name!r}", exc, self.seq, self.name
+            )
+            self._emit(None, False, encode_error(err))
+            raise err from None
+        self._emit(resp, tagged, None)
+
+    def fail(self, exc: BaseException, meta: Mapping[str, Any] | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if meta:
+            self.metadata.update(meta)
+        self._emit(None, False, encode_error(exc))
+
+    def _emit(self, resp: bytes | None, tagged: bool, err: bytes | None) -> None:
+        self.run.emit(
+            self.seq,
+            self.kind,
+            self.name,
+            self.key,
+            self.parent,
+            self.site,
+            self.req,
+            resp,
+            tagged,
+            err,
+            self.side_effect,
+            self.started,
+            time.perf_counter_ns() - self.t0,
+            self.metadata or None,
+        )
+
+
+class RecordRun(RunContext):
+    """A run being recorded: boundaries run for real and are handed to the writer."""
+
+    __slots__ = ("_seq", "durable", "recording", "root_run_id", "run_id", "writer")
+
+    def __init__(self, recording: Recording, run_id: str, root_run_id: str) -> None:
+        self.recording = recording
+        self.run_id = run_id
+        self.root_run_id = root_run_id
+        self.writer: Writer = recording.writer
+        self.durable = recording.durable
+        self._seq = itertools.count(1)
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    # -- boundaries ---------------------------------------------------------
+
+    def call(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        request: Any,
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
+        seq = next(self._seq)
+        key = st.lineage.next_key()
+        return self.live_call(
+            st,
+            seq,
+            key,
+            self._request(request, name, seq),
+            kind,
+            name,
+            fn,
+            args,
+            kwargs,
+            side_effect,
+            meta,
+            site,
+        )
+
+    def live_call(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        req: bytes,
+        kind: str,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
+        """Run the real call for step ``seq`` and record it."""
+        started = time.time()
+        t0 = time.perf_counter_ns()
+        # Calls made inside a boundary belong to it: replay serves the boundary
+        # without running it, so nested boundaries must not be recorded.
+        token = _STATE.set(None)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            self.emit(
+                seq,
+                kind,
+                name,
+                key,
+                st.parent,
+                site,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                side_effect,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
+            raise
+        finally:
+            _STATE.reset(token)
+        if meta is not None and meta.get("awaitable") is None and inspect.isawaitable(result):
+            return self._finish_awaitable(
+                result, st, seq, kind, name, key, site, req, side_effect, started, t0, meta
+            )
+        self._respond(
+            result,
+            st,
+            seq,
+            kind,
+            name,
+            key,
+            site,
+            req,
+            side_effect,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
+        return result
+
+    async def _finish_awaitable(
+        self,
+        awaitable: Awaitable[Any],
+        st: State,
+        seq: int,
+        kind: str,
+        name: str,
+        key: str,
+        site: str | None,
+        req: bytes,
+        side_effect: bool,
+        started: float,
+        t0: int,
+        meta: dict[str, Any],
+    ) -> Any:
+        meta = {**meta, "awaitable": True}
+        token = _STATE.set(None)
+        try:
+            result = await awaitable
+        except BaseException as exc:
+            self.emit(
+                seq,
+                kind,
+                name,
+                key,
+                st.parent,
+                site,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                side_effect,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
+            raise
+        finally:
+            _STATE.reset(token)
+        self._respond(
+            result,
+            st,
+            seq,
+            kind,
+            name,
+            key,
+            site,
+            req,
+            side_effect,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
+        return result
+
+    async def acall(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        request: Any,
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
+        seq = next(self._seq)
+        key = st.lineage.next_key()
+        return await self.alive_call(
+            st,
+            seq,
+            key,
+            self._request(request, name, seq),
+            kind,
+            name,
+            fn,
+            args,
+            kwargs,
+            side_effect,
+            meta,
+            site,
+        )
+
+    async def alive_call(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        req: bytes,
+        kind: str,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+    ) -> Any:
+        """Await the real call for step ``seq`` and record it."""
+        started = time.time()
+        t0 = time.perf_counter_ns()
+        token = _STATE.set(None)
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            self.emit(
+                seq,
+                kind,
+                name,
+                key,
+                st.parent,
+                site,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                side_effect,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
+            raise
+        finally:
+            _STATE.reset(token)
+        self._respond(
+            result,
+            st,
+            seq,
+            kind,
+            name,
+            key,
+            site,
+            req,
+            side_effect,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
+        return result
+
+    def _request(self, request: Any, name: str, seq: int) -> bytes:
+        try:
+            return encode_request(request)
+        except UnencodableError as exc:
+            raise serialization_error(f"the request of {name!r}", exc, seq, name) from None
+
+    def _respond(
+        self,
+        result: Any,
+        st: State,
+        seq: int,
+        kind: str,
+        name: str,
+        key: str,
+        site: str | None,
+        req: bytes,
+        side_effect: bool,
+        started: float,
+        dur: int,
+        meta: dict[str, Any] | None,
+    ) -> None:
+        try:
+            resp, tagged = encode_value(result)
+        except UnencodableError as exc:
+            err = serialization_error(f"the value returned by {kind} {name!r}", exc, seq, name)
+            self.emit(
+                seq,
+                kind,
+                name,
+                key,
+                st.parent,
+                site,
+                req,
+                None,
+                False,
+                encode_error(err),
+                side_effect,
+                started,
+                dur,
+                meta,
+            )
+            raise err from None
+        self.emit(
+            seq,
+            kind,
+            name,
+            key,
+            st.parent,
+            site,
+            req,
+            resp,
+            tagged,
+            None,
+            side_effect,
+            started,
+            dur,
+            meta,
+        )
+
+    def emit(
+        self,
+        seq: int,
+        kind: str,
+        name: str,
+        key: str | None,
+        parent: int | None,
+        site: str | None,
+        req: bytes,
+        resp: bytes | None,
+        tagged: bool,
+        err: bytes | None,
+        side_effect: bool,
+        started: float,
+        dur: int,
+        meta: dict[str, Any] | None,
+    ) -> None:
+        """Hand one finished event to the writer."""
+        self.writer.event(
+            (
+                self.run_id,
+                seq,
+                kind,
+                name,
+                key,
+                parent,
+                site,
+                req,
+                resp,
+                tagged,
+                err,
+                side_effect,
+                started,
+                dur,
+                meta,
+            ),
+            self.durable,
+        )
+
+    def begin(
+        self,
+        st: State,
+        kind: str,
+        name: str,
+        request: Any,
+        side_effect: bool = False,
+        meta: dict[str, Any] | None = None,
+        site: str | None = None,
+    ) -> OpenCall:
+        try:
+            req = encode_request(request)
+        except UnencodableError as exc:
+            raise serialization_error(f"the request of {name!r}", exc, None, name) from None
+        return RecordingCall(self, st, kind, name, req, side_effect, meta, site)
+
+    def span(self, st: State, name: str, attrs: Mapping[str, Any]) -> int | None:
+        seq = next(self._seq)
+        self.emit(
+            seq,
+            "span",
+            name,
+            None,
+            st.parent,
+            None,
+            encode_request(dict(attrs)),
+            None,
+            False,
+            None,
+            False,
+            time.time(),
+            0,
+            None,
+        )
+        return seq
+
+    # -- child runs -----------------------------------------------------------
+
+    def subrun(
+        self, st: State, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
+        seq = next(self._seq)
+        key = st.lineage.next_key()
+        req = self._request({"args": list(args), "kwargs": dict(kwargs)}, wf.name, seq)
+        child = self.recording.start_run(wf, args, kwargs, parent=(self, seq))
+        return self.live_subrun(st, seq, key, req, wf, args, kwargs, child)
+
+    def live_subrun(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        req: bytes,
+        wf: WorkflowInfo,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        child: RecordRun,
+    ) -> Any:
+        """Run the child workflow as run ``child`` and record step ``seq`` pointing at it."""
+        started, t0 = time.time(), time.perf_counter_ns()
+        meta = {"child_run_id": child.run_id}
+        try:
+            result = self.recording.execute(child, wf, args, kwargs)
+        except BaseException as exc:
+            self.emit(
+                seq,
+                "subrun",
+                wf.name,
+                key,
+                st.parent,
+                None,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                False,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
+            raise
+        self._respond(
+            result,
+            st,
+            seq,
+            "subrun",
+            wf.name,
+            key,
+            None,
+            req,
+            False,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
+        return result
+
+    async def asubrun(
+        self, st: State, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
+        seq = next(self._seq)
+        key = st.lineage.next_key()
+        req = self._request({"args": list(args), "kwargs": dict(kwargs)}, wf.name, seq)
+        child = self.recording.start_run(wf, args, kwargs, parent=(self, seq))
+        return await self.alive_subrun(st, seq, key, req, wf, args, kwargs, child)
+
+    async def alive_subrun(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        req: bytes,
+        wf: WorkflowInfo,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        child: RecordRun,
+    ) -> Any:
+        """Await the child workflow as run ``child`` and record step ``seq`` pointing at it."""
+        started, t0 = time.time(), time.perf_counter_ns()
+        meta = {"child_run_id": child.run_id}
+        try:
+            result = await self.recording.aexecute(child, wf, args, kwargs)
+        except BaseException as exc:
+            self.emit(
+                seq,
+                "subrun",
+                wf.name,
+                key,
+                st.parent,
+                None,
+                req,
+                None,
+                False,
+                encode_error(exc),
+                False,
+                started,
+                time.perf_counter_ns() - t0,
+                meta,
+            )
+            raise
+        self._respond(
+            result,
+            st,
+            seq,
+            "subrun",
+            wf.name,
+            key,
+            None,
+            req,
+            False,
+            started,
+            time.perf_counter_ns() - t0,
+            meta,
+        )
+        return result
