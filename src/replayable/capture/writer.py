@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from replayable.capture.config import settings
+from replayable.capture.linker import Chain, Linker, PendingEvent
 from replayable.capture.spool import Spool, SpoolBatch, adopt_leftovers, append_rejects
 from replayable.errors import (
     AppendOnlyError,
@@ -72,13 +73,8 @@ from replayable.errors import (
 )
 from replayable.events.canonical import (
     Redactor,
-    canonical,
-    chain_hash,
-    fingerprint,
-    genesis_hash,
-    run_seal,
 )
-from replayable.events.model import SCHEMA_VERSION, Event, RunEnd, RunStart
+from replayable.events.model import RunStart
 
 if TYPE_CHECKING:
     from replayable.store.base import EventStore
@@ -89,26 +85,6 @@ log = logging.getLogger("replayable.writer")
 
 OnStoreFailure = Literal["spool", "raise"]
 
-#: What a boundary hands off: (run_id, seq, kind, name, key, parent, call_site,
-#: request bytes, response bytes | None, tagged, error bytes | None,
-#: side_effect, started_at, duration_ns, metadata | None)
-PendingEvent = tuple[
-    str,
-    int,
-    str,
-    str,
-    "str | None",
-    "int | None",
-    "str | None",
-    bytes,
-    "bytes | None",
-    bool,
-    "bytes | None",
-    bool,
-    float,
-    int,
-    "dict[str, Any] | None",
-]
 
 _EVENT, _START, _END, _BLOB, _MARK = range(5)
 _LETTER = {_EVENT: "e", _START: "s", _END: "x", _BLOB: "b"}
@@ -168,14 +144,6 @@ class _Waiter:
         if not self.done.is_set():
             self.error = error
             self.done.set()
-
-
-class _Chain:
-    __slots__ = ("count", "head")
-
-    def __init__(self, run_id: str) -> None:
-        self.count = 0
-        self.head = genesis_hash(run_id)
 
 
 class _Batch:
@@ -295,7 +263,7 @@ class Writer:
         spool_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.store = store
-        self.redactor = redactor or Redactor()
+        self._linker = Linker(store, redactor or Redactor())
         self.batch_size = batch_size
         self.interval = interval
         self.durable_timeout = durable_timeout
@@ -304,8 +272,6 @@ class Writer:
         self.spool_dir: Path | None = None
         self._queue: collections.deque[tuple[int, Any, _Waiter | None]] = collections.deque()
         self._wake = threading.Event()
-        self._chains: dict[str, _Chain] = {}
-        self._starts: dict[str, RunStart] = {}
         self._closed = False
         self.last_error: BaseException | None = None
         # Outage state, touched only by the writer thread once it runs.
@@ -325,6 +291,15 @@ class Writer:
         )
         self._thread = threading.Thread(target=self._loop, name="replayable-writer", daemon=True)
         self._thread.start()
+
+    @property
+    def redactor(self) -> Redactor:
+        """The redaction applied to every record this writer builds."""
+        return self._linker.redactor
+
+    @redactor.setter
+    def redactor(self, redactor: Redactor) -> None:
+        self._linker.redactor = redactor
 
     def configure(
         self,
@@ -703,7 +678,7 @@ class Writer:
         durable = False
         # Chains advance only once the whole batch is built, so a batch put back
         # after a failed lookup is rebuilt identically.
-        chains: dict[str, _Chain] = {}
+        chains: dict[str, Chain] = {}
         ended: list[str] = []
         for kind, item, waiter in raw:
             durable = durable or waiter is not None
@@ -713,11 +688,11 @@ class Writer:
                 continue
             try:
                 if kind == _EVENT:
-                    record: Any = self._build_event(item, chains)
+                    record: Any = self._linker.event(item, chains)
                 elif kind == _START:
-                    record = self._redact_start(item)
+                    record = self._linker.start(item)
                 elif kind == _END:
-                    record = self._build_end(item, chains)
+                    record = self._linker.end(item, chains)
                     ended.append(record.run_id)
                 else:
                     record = item
@@ -734,136 +709,12 @@ class Writer:
                     waiter.resolve(exc)
                 continue
             if kind == _START:
-                self._starts[record.run_id] = record
+                self._linker.starts[record.run_id] = record
             units.append((_LETTER[kind], record, waiter))
-        self._chains.update(chains)
-        for run_id in ended:
-            self._chains.pop(run_id, None)
-            self._starts.pop(run_id, None)
+        self._linker.commit(chains, ended)
         if refused:
             self._report(refused)
         return _Batch(units, marks, durable)
-
-    def _chain(self, run_id: str, chains: dict[str, _Chain]) -> _Chain:
-        chain = chains.get(run_id)
-        if chain is None:
-            committed = self._chains.get(run_id)
-            chain = _Chain(run_id)
-            if committed is not None:
-                chain.count, chain.head = committed.count, committed.head
-            chains[run_id] = chain
-        return chain
-
-    def _build_event(self, p: PendingEvent, chains: dict[str, _Chain]) -> Event:
-        (
-            run_id,
-            seq,
-            kind,
-            name,
-            key,
-            parent,
-            call_site,
-            req,
-            resp,
-            tagged,
-            err,
-            side_effect,
-            started_at,
-            duration_ns,
-            meta,
-        ) = p
-        redact = self.redactor.redact_bytes
-        req = redact(req)
-        request = req.decode()
-        response = None if resp is None else redact(resp).decode()
-        error = None if err is None else redact(err).decode()
-        fp = fingerprint(kind, name, req)
-        metadata = meta or {}
-        encoding = "tagged" if tagged else "json"
-        chain = self._chain(run_id, chains)
-        prev = chain.head
-        digest = chain_hash(
-            prev,
-            (
-                run_id,
-                seq,
-                chain.count,
-                kind,
-                name,
-                key,
-                parent,
-                call_site,
-                request,
-                fp,
-                response,
-                encoding,
-                error,
-                side_effect,
-                started_at,
-                duration_ns,
-                metadata,
-                SCHEMA_VERSION,
-            ),
-        )
-        event = Event(
-            run_id=run_id,
-            seq=seq,
-            kind=kind,
-            name=name,
-            key=key,
-            parent=parent,
-            call_site=call_site,
-            request=request,
-            fingerprint=fp,
-            response=response,
-            encoding=encoding,
-            error=error,
-            side_effect=side_effect,
-            started_at=started_at,
-            duration_ns=duration_ns,
-            metadata=metadata,
-            chain_index=chain.count,
-            prev_hash=prev,
-            hash=digest,
-        )
-        chain.count += 1
-        chain.head = digest
-        return event
-
-    def _redact_start(self, start: RunStart) -> RunStart:
-        redacted = self.redactor.redact_bytes(start.input.encode()).decode()
-        # Run metadata is stored and indexed as given, so a secret in it (an
-        # ``api_key`` tag) must be caught here like one in the input.
-        metadata = start.metadata
-        try:
-            if metadata and self.redactor.needs_redaction(canonical(metadata)):
-                metadata = self.redactor(metadata)
-        except TypeError:
-            pass  # not JSON: the store refuses it with its own error
-        if redacted == start.input and metadata is start.metadata:
-            return start
-        import msgspec
-
-        return msgspec.structs.replace(start, input=redacted, metadata=metadata)
-
-    def _build_end(
-        self, item: tuple[str, str, bytes | None, bytes | None, float], chains: dict[str, _Chain]
-    ) -> RunEnd:
-        run_id, status, output, error, ended_at = item
-        chain = self._chain(run_id, chains)
-        redact = self.redactor.redact_bytes
-        out = None if output is None else redact(output).decode()
-        err = None if error is None else redact(error).decode()
-        start = self._starts.get(run_id) or self.store.get_run(run_id).start
-        return RunEnd(
-            run_id=run_id,
-            status=status,  # type: ignore[arg-type]
-            output=out,
-            error=err,
-            ended_at=ended_at,
-            event_count=chain.count,
-            last_hash=run_seal(chain.head, start, status, out, err, ended_at, chain.count),
-        )
 
     def close(self) -> None:
         """Flush, give a pending spool a short chance to drain, and stop the thread.
