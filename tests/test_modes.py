@@ -351,3 +351,90 @@ def test_async_fork_with_parallel_calls(store):
     assert "forked" not in result.output[1]
     assert "forked" not in result.output[2]
     assert len(store.events(result.new_run_id)) == 6
+
+
+# -- async agents -----------------------------------------------------------------
+
+
+@replayable.tool
+async def alookup(key: str) -> dict[str, str]:
+    await asyncio.sleep(0)
+    agents.CALLS.append(f"alookup:{key}")
+    return {"key": key, "value": f"{key}-{agents._random.random()}"}
+
+
+@replayable.tool(side_effect=True)
+async def apublish(text: str) -> str:
+    agents.CALLS.append("apublish")
+    return f"published {len(text)}"
+
+
+@replayable.workflow("async_child")
+async def async_child(key: str) -> str:
+    return (await alookup(key))["value"]
+
+
+@replayable.workflow("async_agent")
+async def async_agent(keys: list[str]) -> dict[str, object]:
+    values = await asyncio.gather(*(alookup(k) for k in keys))
+    extra = await async_child("child")
+    receipt = await apublish(",".join(v["key"] for v in values))
+    return {"values": [v["value"] for v in values], "extra": extra, "receipt": receipt}
+
+
+def record_async(store, keys):
+    with replayable.recording(store) as rec:
+        out = asyncio.run(async_agent(keys))
+    agents.CALLS.clear()
+    return rec.run_ids[0], out
+
+
+def test_async_stop_at_pauses_inside_a_gather_branch(store):
+    """stop_at works on async agents: the pause names the step and the coroutine's frame."""
+    run_id, _ = record_async(store, ["a", "b", "c"])
+    result = replayable.replay(run_id, store=store, stop_at=2)
+    assert result.status == "paused"
+    assert result.paused.event.name == "alookup"
+    # The gathered task has no agent frame above the call; the stack shows the
+    # coroutine that started it.
+    assert [f.function for f in result.paused.frames] == ["async_agent"]
+    assert result.paused.frames[0].locals["keys"] == "['a', 'b', 'c']"
+    assert all("asyncio" not in f.file for f in result.paused.frames)
+    assert agents.CALLS == []
+
+
+def test_async_counterfactual_and_live_children(store):
+    """live={'alookup'} re-runs the lookups (in the child too) and keeps the side effect frozen."""
+    run_id, out = record_async(store, ["a", "b"])
+    result = replayable.replay(run_id, store=store, live={"alookup"})
+    assert result.status == "completed", result.divergence
+    assert sorted(agents.CALLS) == ["alookup:a", "alookup:b", "alookup:child"]
+    assert result.output["values"] != out["values"]
+    assert result.output["receipt"] == out["receipt"]  # apublish('a,b') served from the tape
+    kids = store.children(result.new_run_id)
+    assert [k.workflow for k in kids] == ["async_child"]
+
+
+def test_async_full_replay_with_child_and_gather(store):
+    """An async run with gather and a child run replays identically, running nothing."""
+    run_id, out = record_async(store, ["x", "y", "z"])
+    result = replayable.replay(run_id, store=store)
+    assert result.status == "identical", result.divergence
+    assert result.output == out
+    assert agents.CALLS == []
+
+
+def test_async_stepper(store):
+    """The stepper drives an async agent one boundary at a time."""
+    from replayable.replay.stepper import Stepper
+
+    run_id, _ = record_async(store, ["a", "b"])
+    stepper = Stepper(run_id, store=store)
+    first = stepper.start()
+    seen = [(first.event.run_id, first.event.seq)]
+    while (point := stepper.next()) is not None:
+        seen.append((point.event.run_id, point.event.seq))
+    (kid,) = store.children(run_id)
+    # The child run's step is served right after the parent's step that started it.
+    assert seen == [(run_id, 1), (run_id, 2), (run_id, 3), (kid.run_id, 1), (run_id, 4)]
+    assert stepper.result.status == "identical"

@@ -1,4 +1,4 @@
-"""AG2 agents recorded and replayed through ag2's middleware against the local fake OpenAI server."""
+"""AG2 agents recorded and replayed through ag2 middleware against the local fake OpenAI server."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ag2.events import (
     ToolResultEvent,
     ToolResultsEvent,
 )
-from ag2.middleware import approval_required
+from ag2.middleware import BaseMiddleware, Middleware, approval_required
 
 import replayable
 from replayable.events.codec import decode_value, encode_value
@@ -67,6 +67,16 @@ def open_gate(city: str) -> str:
     return f"gate open in {city}"
 
 
+class Gatekeeper(BaseMiddleware):
+    """Agent-level approval: asks a human before any tool runs."""
+
+    async def on_tool_execution(self, call_next: Any, event: Any, context: Any) -> Any:
+        answer = await context.input(f"may {event.name} run?")
+        if answer != "yes":
+            raise PermissionError(event.name)
+        return await call_next(event, context)
+
+
 def _config(base_url: str, http: httpx2.AsyncClient) -> OpenAIConfig:
     return OpenAIConfig(
         model="fake-1",
@@ -98,19 +108,25 @@ async def forecast(base_url: str, prompt: str) -> dict[str, Any]:
         return {"answer": answer, "sent": sent}
 
 
+@replayable.workflow
+def forecast_sync(base_url: str, prompt: str) -> dict[str, Any]:
+    return asyncio.run(forecast.__wrapped__(base_url, prompt))  # type: ignore[attr-defined,no-any-return]
+
+
 def _record(store: MemoryStore, fn: Any, *args: Any) -> tuple[str, Any]:
     with replayable.recording(store) as rec:
-        out = asyncio.run(fn(*args))
+        out = asyncio.run(fn(*args)) if asyncio.iscoroutinefunction(fn.__wrapped__) else fn(*args)
     SENT.clear()
     ASKED.clear()
     return rec.run_ids[0], out
 
 
+@pytest.mark.parametrize("agent", [forecast, forecast_sync], ids=["async", "sync"])
 def test_record_then_replay_with_the_server_stopped(
-    provider: FakeProvider, store: MemoryStore
+    agent: Any, provider: FakeProvider, store: MemoryStore
 ) -> None:
     """Model turns and tool executions are events; a replay substitutes them with no server."""
-    run_id, out = _record(store, forecast, provider.url + "/v1", "weather in Paris")
+    run_id, out = _record(store, agent, provider.url + "/v1", "weather in Paris")
     assert out == {"answer": "Answer: sunny in Paris", "sent": "Answer: report sent for Paris"}
     assert len(provider.requests) == 4
     provider.stop()
@@ -147,10 +163,11 @@ def test_record_then_replay_with_the_server_stopped(
     assert isinstance(response, ModelResponse)
     assert response.tool_calls.calls[0].serialized_arguments == {"city": "Paris"}
     assert isinstance(served_value(events[1]), ToolResultEvent)
-    result = replayable.replay(run_id, store=store, fn=forecast)
+    result = replayable.replay(run_id, store=store, fn=agent)
     assert result.status == "identical", result.divergence
     assert result.output == out
     assert SENT == []
+    assert all(KEY not in e.request + str(e.metadata) for e in events)
 
 
 def test_changed_prompt_diverges_at_the_first_model_call(
@@ -205,6 +222,15 @@ def test_fork_at_the_tool_step_guards_the_side_effect_tool(
     assert same.status == "completed", same.divergence
     assert same.output["sent"] == "Answer: report sent for Paris"
     assert SENT == []
+    foggy = replayable.replay(
+        run_id, store=store, fn=forecast, fork_at=3, overrides={3: "Answer: foggy in Paris"}
+    )
+    assert foggy.status == "completed", foggy.divergence
+    assert foggy.output == {
+        "answer": "Answer: foggy in Paris",
+        "sent": "Answer: report sent for Paris",
+    }
+    assert SENT == []  # the same send_report request: served from the tape
     with pytest.raises(replayable.ConfigurationError, match="side-effect tool 'send_report'"):
         replayable.replay(run_id, store=store, fn=forecast, fork_at=5)
 
@@ -260,33 +286,42 @@ async def tides_and_gate(base_url: str, city: str) -> list[str]:
             config=config,
             tools=[open_gate],
             hitl_hook=_human,
-            middleware=[rag2.middleware(side_effects={"open_gate"})],
+            middleware=[Middleware(Gatekeeper), rag2.middleware(side_effects={"open_gate"})],
         )
         failed = str((await tides.ask(f"tides in {city}")).body)
         opened = str((await gate.ask(f"open the gate in {city}")).body)
         return [failed.splitlines()[-1], opened]
 
 
-def test_tool_errors_and_approvals_replay_without_the_tool_or_the_human(
+def test_tool_errors_and_human_input_replay_without_the_tool_or_the_human(
     provider: FakeProvider, store: MemoryStore
 ) -> None:
-    """A failing tool replays as its ToolErrorEvent; an approved tool replays without asking."""
+    """A failing tool replays as its ToolErrorEvent; no human is asked again on replay."""
     with replayable.recording(store) as rec:
         out = asyncio.run(tides_and_gate(provider.url + "/v1", "Doha"))
     run_id = rec.run_ids[0]
     assert out == ["ValueError: no tide data for Doha", "Answer: gate open in Doha"]
-    assert len(ASKED) == 1
-    assert "open_gate" in ASKED[0]
+    assert ASKED[0] == "may open_gate run?"
+    assert "open_gate" in ASKED[1]  # approval_required, inside the tool's own boundary
+    assert len(ASKED) == 2
     ASKED.clear()
     provider.stop()
     events = store.events(run_id)
+    assert [e.name for e in events][3:] == [
+        "ag2.OpenAIClient",
+        "ag2.human_input",
+        "open_gate",
+        "ag2.OpenAIClient",
+    ]
     assert events[1].name == "get_tides"
     assert events[1].metadata["error"] is True
     error = served_value(events[1])
     assert isinstance(error, ToolErrorEvent)
     assert isinstance(error.error, ValueError)
     assert str(error.error) == "no tide data for Doha"
-    assert (events[4].name, events[4].side_effect) == ("open_gate", True)
+    assert events[4].request_value() == {"content": "may open_gate run?"}
+    assert served_value(events[4]).content == "yes"
+    assert events[5].side_effect is True
     result = replayable.replay(run_id, store=store, fn=tides_and_gate)
     assert result.status == "identical", result.divergence
     assert result.output == out
@@ -313,6 +348,17 @@ def test_model_response_round_trips_through_the_codec() -> None:
     assert back.tool_calls.calls[0].id == call.id
     assert back.usage == Usage(prompt_tokens=3, completion_tokens=4)
     assert back.created_at == response.created_at
+
+
+def test_instrument_is_idempotent_and_merges_side_effects() -> None:
+    """instrument() twice leaves one recording middleware holding both declarations."""
+    agent = Agent("a", tools=[get_weather, send_report])
+    assert rag2.instrument(agent, side_effects={"send_report"}) is agent
+    rag2.instrument(agent, side_effects={"get_weather"})
+    (entry,) = agent.middleware
+    assert isinstance(entry.middleware, Middleware)
+    assert entry.middleware.cls is rag2.ReplayableMiddleware
+    assert entry.middleware.options["side_effects"] == {"send_report", "get_weather"}
 
 
 def test_outside_a_run_the_middleware_passes_through(provider: FakeProvider) -> None:

@@ -14,6 +14,8 @@ import asyncio
 import contextvars
 import functools
 import itertools
+import sys
+import types
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -57,7 +59,7 @@ class Lineage:
 class State:
     """What the context variable holds: immutable, replaced rather than changed."""
 
-    __slots__ = ("lineage", "parent", "run", "session")
+    __slots__ = ("lineage", "origin", "parent", "run", "session")
 
     def __init__(
         self,
@@ -65,14 +67,18 @@ class State:
         run: RunContext | None,
         lineage: Lineage,
         parent: int | None = None,
+        origin: types.FrameType | None = None,
     ) -> None:
         self.session = session
         self.run = run
         self.lineage = lineage
         self.parent = parent
+        #: The frame that started this task or thread, so a paused replay can show
+        #: the agent code that spawned it (a gathered task's own stack has none).
+        self.origin = origin
 
-    def child(self) -> State:
-        return State(self.session, self.run, self.lineage.child(), self.parent)
+    def child(self, origin: types.FrameType | None = None) -> State:
+        return State(self.session, self.run, self.lineage.child(), self.parent, origin)
 
 
 _STATE: contextvars.ContextVar[State | None] = contextvars.ContextVar(
@@ -99,7 +105,7 @@ def carry(fn: Callable[P, R]) -> Callable[P, R]:
     ctx = contextvars.copy_context()
     st = ctx.get(_STATE)
     if st is not None and st.run is not None:
-        ctx.run(_STATE.set, st.child())
+        ctx.run(_STATE.set, st.child(sys._getframe(1)))
 
     @functools.wraps(fn)
     def run_carried(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -127,7 +133,7 @@ def _task_factory(
         context = contextvars.copy_context() if context is None else context.copy()
         st = context.get(_STATE)
         if st is not None and st.run is not None:
-            context.run(_STATE.set, st.child())
+            context.run(_STATE.set, st.child(sys._getframe(1)))
         kwargs["context"] = context
         if previous is not None:
             return previous(loop, coro, **kwargs)  # type: ignore[no-any-return]

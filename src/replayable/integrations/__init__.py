@@ -5,6 +5,8 @@
   LLM SDK goes through it.
 - :mod:`replayable.integrations.openai` and
   :mod:`replayable.integrations.anthropic` — SDK clients wired to the seam.
+- :mod:`replayable.integrations.ag2` — AG2 agents: model calls, tool
+  executions and human input through ag2's middleware, substituted on replay.
 
 Importing this package imports no third-party library.
 """

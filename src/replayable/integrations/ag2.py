@@ -14,9 +14,10 @@ The middleware makes three hooks boundaries:
   client (``ag2.OpenAIClient``). The request holds the conversation as the
   model is given it (user requests, assistant turns with their tool calls,
   tool results), the system prompt, the client's model and sampling options,
-  the tool schemas and the response schema. Event timestamps, usage events and
-  the tool-call announcements that restate an assistant turn are left out, and
-  tool-call ids are replaced by their order of appearance (``#1``, ``#2``), so
+  the tool schemas and the response schema. Only history items ag2's provider
+  mappers send are kept: timestamps, usage, lifecycle and human-input events,
+  and the tool-call announcements that restate an assistant turn, are left
+  out, and tool-call ids are replaced by their order of appearance (``#1``, ``#2``), so
   ids a provider or ag2 makes up (``ToolCallEvent``'s ``uuid4`` default) never
   make a replayed request differ from the recorded one. The metadata holds
   provider, model, sampling parameters, messages, tool names, usage and the
@@ -42,15 +43,26 @@ Importing this module registers a codec for ag2's events (they are neither
 dataclasses nor pydantic models), so a ``ModelResponse`` round-trips with its
 type, nested events, ``Usage`` and files.
 
+Keys: ag2 drives each turn, and each tool call of a turn, in an asyncio task;
+a boundary is keyed by the task's lineage, numbered in creation order, so
+parallel tool calls replay whatever order they finish in (sync workflows that
+call ``asyncio.run`` themselves included).
+
 Limits: chunks of a streamed response (``ModelMessageChunk``) and the
 ``UsageEvent`` ag2 emits after a call are produced by the live call only, so
 on replay stream observers see the final ``ModelResponse`` and usage comes
 from the recorded response. Middleware registered inside this one (closer to
-the model) is skipped on replay along with the model.
+the model) and tool-level middleware (``approval_required``) are skipped on
+replay along with the model or the tool. Events carry no call site: the
+agent's code is not on the stack of the task ag2 runs a turn in. When a
+replay stops (a divergence, ``stop_at``), ag2 1.2 leaves the turn's async
+generators to the event loop's finalizer, which logs "an error occurred
+during closing of asynchronous generator"; the replay result is unaffected.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import functools
@@ -61,26 +73,27 @@ from copy import copy
 from typing import Any
 
 import orjson
+from ag2.compact import CompactionSummary
 from ag2.events import (
     BaseEvent,
+    BuiltinToolCallEvent,
+    BuiltinToolResultEvent,
     ClientToolCallEvent,
     HumanInputRequest,
     HumanMessage,
     ModelMessage,
     ModelRequest,
     ModelResponse,
+    ProviderReplay,
     TextInput,
     ToolCallEvent,
-    ToolCallsEvent,
     ToolErrorEvent,
-    ToolNotFoundEvent,
     ToolResultEvent,
     ToolResultsEvent,
-    is_conversational,
 )
 from ag2.middleware import BaseMiddleware, Middleware
 
-from replayable.capture.context import _STATE, State, active_state
+from replayable.capture.context import _STATE, State, active_state, install_task_factory
 from replayable.capture.runtime import OpenCall
 from replayable.events.codec import (
     decode_error,
@@ -92,7 +105,7 @@ from replayable.events.codec import (
 
 __all__ = ["ReplayableMiddleware", "instrument", "middleware"]
 
-_LIBRARY = ("ag2", "replayable.integrations", "asyncio", "anyio", "fast_depends", "functools")
+_LIBRARY = ("ag2", "replayable", "anyio", "fast_depends", "functools")
 _SAMPLING = (
     "temperature",
     "top_p",
@@ -107,9 +120,8 @@ _SAMPLING = (
     "reasoning_effort",
 )
 _ID_FIELDS = frozenset({"id", "parent_id", "tool_call_id"})
-# Events that only restate what an assistant turn or a ToolResultsEvent already holds.
-_RESTATED = (ToolCallsEvent, ToolCallEvent, ClientToolCallEvent)
-_RESTATED_RESULTS = (ToolResultEvent, ToolErrorEvent, ToolNotFoundEvent)
+# Provider-native history items the model is given back besides requests, turns and results.
+_NATIVE = (ProviderReplay, BuiltinToolCallEvent, BuiltinToolResultEvent, CompactionSummary)
 
 
 # -- codec ------------------------------------------------------------------------------
@@ -219,10 +231,13 @@ def instrument(agent: Any, *, side_effects: Iterable[str] = ()) -> Any:
 
 
 def _site() -> str | None:
-    # The first frame outside ag2, its async plumbing and this package.
+    # The agent's own frame, if the hook runs in its task: ag2 drives a turn in a task
+    # of its own, so the walk stops at the event loop rather than name the loop's caller.
     f: Any = sys._getframe(2)
     while f is not None:
         module = f.f_globals.get("__name__") or ""
+        if module.startswith("asyncio"):
+            return None
         if not module.startswith(_LIBRARY):
             return f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
         f = f.f_back
@@ -234,6 +249,9 @@ def _begin(
 ) -> OpenCall:
     run = st.run
     assert run is not None  # active_state() returns states inside a run only
+    # A sync workflow may start the loop itself (asyncio.run): give the tasks ag2
+    # creates from here on (parallel tool calls) lineages numbered by creation.
+    install_task_factory(asyncio.get_running_loop())
     return run.begin(st, kind, name, request, side_effect, meta, _site())
 
 
@@ -383,19 +401,20 @@ def _tool_message(result: ToolResultEvent, ids: _Ids) -> dict[str, Any]:
 
 
 def _messages(events: Sequence[BaseEvent], ids: _Ids) -> list[Any]:
+    """The history as the model is given it. Only what ag2's provider mappers send is
+    kept: requests, assistant turns, tool results, compaction summaries and
+    provider-native items. Call announcements and single results restate a turn or a
+    ``ToolResultsEvent``; human input exchanged inside a tool, usage and lifecycle
+    events never reach the model (and a replayed tool does not produce them again)."""
     out: list[Any] = []
     for event in events:
-        if not is_conversational(event):
-            continue  # streamed chunks, usage, lifecycle
         if isinstance(event, ModelRequest):
             out.append({"role": "user", "content": _content(event.parts, ids)})
         elif isinstance(event, ModelResponse):
             out.append(_assistant(event, ids))
         elif isinstance(event, ToolResultsEvent):
             out.extend(_tool_message(r, ids) for r in event.results)
-        elif type(event) in _RESTATED or type(event) in _RESTATED_RESULTS:
-            continue
-        else:
+        elif isinstance(event, _NATIVE):
             out.append(_plain(event, ids))
     return out
 

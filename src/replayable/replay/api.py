@@ -337,7 +337,9 @@ _KINDS = frozenset(
 def _pause_at(session: Served, step: int) -> Callable[[Event], None]:
     def hook(ev: Event) -> None:
         if ev.seq >= step:
-            raise session.stop(None, paused=PausePoint(ev, capture_stack(start=sys._getframe(1))))
+            st = _STATE.get()
+            stack = capture_stack(start=sys._getframe(1), origin=st.origin if st else None)
+            raise session.stop(None, paused=PausePoint(ev, stack))
 
     return hook
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import reprlib
 import sys
+import sysconfig
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from replayable.events.model import Event
 __all__ = ["FrameInfo", "PausePoint", "capture_stack", "safe_repr"]
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+_STDLIB = sysconfig.get_paths()["stdlib"]
 
 _repr = reprlib.Repr()
 _repr.maxstring = 200
@@ -81,26 +83,42 @@ class PausePoint:
 
 
 def capture_stack(
-    keep_frames: bool = False, start: types.FrameType | None = None
+    keep_frames: bool = False,
+    start: types.FrameType | None = None,
+    origin: types.FrameType | None = None,
 ) -> list[FrameInfo]:
     """Frames of the agent's code, from the workflow entry down to the boundary call.
 
-    The walk skips replayable's own frames above the call, collects the
-    agent's frames, and stops at the next replayable frame (the workflow
-    wrapper), so the list starts at the entry function.
+    The walk skips replayable's own frames and the standard library's (the event
+    loop, thread pools), collects the agent's frames, and stops at the next
+    replayable frame (the workflow wrapper), so the list starts at the entry
+    function. A call made in a gathered task or a pool thread has no agent frame
+    of its own above it; then the walk continues from ``origin``, the frame that
+    started the task.
     """
-    frame: types.FrameType | None = start or sys._getframe(1)
+    collected = _walk(start or sys._getframe(1), keep_frames, spawned=False)
+    if origin is not None:
+        collected.extend(_walk(origin, keep_frames, spawned=True))
+    collected.reverse()
+    return collected
+
+
+def _walk(frame: types.FrameType | None, keep_frames: bool, spawned: bool) -> list[FrameInfo]:
     collected: list[FrameInfo] = []
     while frame is not None:
         code = frame.f_code
-        ours = code.co_filename.startswith(_PACKAGE_DIR)
+        file = code.co_filename
+        ours = file.startswith(_PACKAGE_DIR)
         if ours and collected:
             break
-        if not ours:
+        stdlib = file.startswith(_STDLIB)
+        if stdlib and not collected and not spawned:
+            break  # the event loop or a pool worker: where this task or thread began
+        if not ours and not stdlib:
             collected.append(
                 FrameInfo(
                     function=getattr(code, "co_qualname", code.co_name),
-                    file=code.co_filename,
+                    file=file,
                     line=frame.f_lineno,
                     locals={
                         k: safe_repr(v) for k, v in frame.f_locals.items() if not k.startswith("__")
@@ -109,5 +127,4 @@ def capture_stack(
                 )
             )
         frame = frame.f_back
-    collected.reverse()
     return collected

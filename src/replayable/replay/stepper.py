@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import orjson
 
+from replayable.capture.context import _STATE
 from replayable.events.model import Event
 from replayable.replay.api import execute_session, prepare
 from replayable.replay.frames import FrameInfo, PausePoint, capture_stack, safe_repr
@@ -87,7 +88,11 @@ class Stepper:
     def _hook(self, ev: Event) -> None:
         if self._mode != "step" and not any(b.matches(ev) for b in self.breakpoints):
             return
-        point = PausePoint(ev, capture_stack(keep_frames=True, start=sys._getframe(1)))
+        st = _STATE.get()
+        frames = capture_stack(
+            keep_frames=True, start=sys._getframe(1), origin=st.origin if st else None
+        )
+        point = PausePoint(ev, frames)
         with self._cv:
             self.current = point
             self._turn = "controller"
@@ -225,7 +230,8 @@ class StepperShell:
         ev = point.event
         where = point.frames[-1] if point.frames else None
         at = f"  at {where.file}:{where.line} in {where.function}" if where else ""
-        self._say(f"step {ev.seq}: {ev.kind} {ev.name}{at}")
+        run = "" if ev.run_id == self.stepper.run.run_id else f"child run {ev.run_id[:13]} "
+        self._say(f"{run}step {ev.seq}: {ev.kind} {ev.name}{at}")
 
     def run(self) -> ReplayResult | None:
         """Read commands until quit or end of input; returns the replay's result."""
