@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_capture
+import bench_http
 import bench_ingest
 import bench_modes
 import bench_postgres
@@ -31,6 +32,7 @@ DEFAULT_OUTPUT = ROOT / ".replayable" / "bench-results.json"
 
 BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "capture": bench_capture.run,
+    "http": bench_http.run,
     "ingest": bench_ingest.run,
     "modes": bench_modes.run,
     "replay": bench_replay.run,
