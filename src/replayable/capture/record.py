@@ -138,19 +138,9 @@ class RecordRun(RunContext):
     ) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
+        req = self._request(request, name, seq)
         return self.live_call(
-            st,
-            seq,
-            key,
-            self._request(request, name, seq),
-            kind,
-            name,
-            fn,
-            args,
-            kwargs,
-            side_effect,
-            meta,
-            site,
+            st, seq, key, req, kind, name, fn, args, kwargs, side_effect, meta, site
         )
 
     def live_call(
@@ -169,106 +159,35 @@ class RecordRun(RunContext):
         site: str | None,
     ) -> Any:
         """Run the real call for step ``seq`` and record it."""
-        started = time.time()
-        t0 = time.perf_counter_ns()
+        call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
         # Calls made inside a boundary belong to it: replay serves the boundary
         # without running it, so nested boundaries must not be recorded.
         token = _STATE.set(None)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            self.emit(
-                seq,
-                kind,
-                name,
-                key,
-                st.parent,
-                site,
-                req,
-                None,
-                False,
-                encode_error(exc),
-                side_effect,
-                started,
-                time.perf_counter_ns() - t0,
-                meta,
-            )
+            call.fail(exc)
             raise
         finally:
             _STATE.reset(token)
         if meta is not None and meta.get("awaitable") is None and inspect.isawaitable(result):
-            return self._finish_awaitable(
-                result, st, seq, kind, name, key, site, req, side_effect, started, t0, meta
-            )
-        self._respond(
-            result,
-            st,
-            seq,
-            kind,
-            name,
-            key,
-            site,
-            req,
-            side_effect,
-            started,
-            time.perf_counter_ns() - t0,
-            meta,
-        )
+            # A plain function that handed back an awaitable (SDK wrappers do):
+            # the call ends when the caller awaits it.
+            call.metadata["awaitable"] = True
+            return self._finish_awaitable(result, call)
+        call.finish(result)
         return result
 
-    async def _finish_awaitable(
-        self,
-        awaitable: Awaitable[Any],
-        st: State,
-        seq: int,
-        kind: str,
-        name: str,
-        key: str,
-        site: str | None,
-        req: bytes,
-        side_effect: bool,
-        started: float,
-        t0: int,
-        meta: dict[str, Any],
-    ) -> Any:
-        meta = {**meta, "awaitable": True}
+    async def _finish_awaitable(self, awaitable: Awaitable[Any], call: RecordingCall) -> Any:
         token = _STATE.set(None)
         try:
             result = await awaitable
         except BaseException as exc:
-            self.emit(
-                seq,
-                kind,
-                name,
-                key,
-                st.parent,
-                site,
-                req,
-                None,
-                False,
-                encode_error(exc),
-                side_effect,
-                started,
-                time.perf_counter_ns() - t0,
-                meta,
-            )
+            call.fail(exc)
             raise
         finally:
             _STATE.reset(token)
-        self._respond(
-            result,
-            st,
-            seq,
-            kind,
-            name,
-            key,
-            site,
-            req,
-            side_effect,
-            started,
-            time.perf_counter_ns() - t0,
-            meta,
-        )
+        call.finish(result)
         return result
 
     async def acall(
@@ -286,19 +205,9 @@ class RecordRun(RunContext):
     ) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
+        req = self._request(request, name, seq)
         return await self.alive_call(
-            st,
-            seq,
-            key,
-            self._request(request, name, seq),
-            kind,
-            name,
-            fn,
-            args,
-            kwargs,
-            side_effect,
-            meta,
-            site,
+            st, seq, key, req, kind, name, fn, args, kwargs, side_effect, meta, site
         )
 
     async def alive_call(
@@ -317,45 +226,16 @@ class RecordRun(RunContext):
         site: str | None,
     ) -> Any:
         """Await the real call for step ``seq`` and record it."""
-        started = time.time()
-        t0 = time.perf_counter_ns()
+        call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
         token = _STATE.set(None)
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            self.emit(
-                seq,
-                kind,
-                name,
-                key,
-                st.parent,
-                site,
-                req,
-                None,
-                False,
-                encode_error(exc),
-                side_effect,
-                started,
-                time.perf_counter_ns() - t0,
-                meta,
-            )
+            call.fail(exc)
             raise
         finally:
             _STATE.reset(token)
-        self._respond(
-            result,
-            st,
-            seq,
-            kind,
-            name,
-            key,
-            site,
-            req,
-            side_effect,
-            started,
-            time.perf_counter_ns() - t0,
-            meta,
-        )
+        call.finish(result)
         return result
 
     def _request(self, request: Any, name: str, seq: int) -> bytes:
@@ -363,59 +243,6 @@ class RecordRun(RunContext):
             return encode_request(request)
         except UnencodableError as exc:
             raise serialization_error(f"the request of {name!r}", exc, seq, name) from None
-
-    def _respond(
-        self,
-        result: Any,
-        st: State,
-        seq: int,
-        kind: str,
-        name: str,
-        key: str,
-        site: str | None,
-        req: bytes,
-        side_effect: bool,
-        started: float,
-        dur: int,
-        meta: dict[str, Any] | None,
-    ) -> None:
-        try:
-            resp, tagged = encode_value(result)
-        except UnencodableError as exc:
-            err = serialization_error(f"the value returned by {kind} {name!r}", exc, seq, name)
-            self.emit(
-                seq,
-                kind,
-                name,
-                key,
-                st.parent,
-                site,
-                req,
-                None,
-                False,
-                encode_error(err),
-                side_effect,
-                started,
-                dur,
-                meta,
-            )
-            raise err from None
-        self.emit(
-            seq,
-            kind,
-            name,
-            key,
-            st.parent,
-            site,
-            req,
-            resp,
-            tagged,
-            None,
-            side_effect,
-            started,
-            dur,
-            meta,
-        )
 
     def emit(
         self,
@@ -515,42 +342,13 @@ class RecordRun(RunContext):
         child: RecordRun,
     ) -> Any:
         """Run the child workflow as run ``child`` and record step ``seq`` pointing at it."""
-        started, t0 = time.time(), time.perf_counter_ns()
-        meta = {"child_run_id": child.run_id}
+        call = self._subrun_call(st, seq, key, req, wf, child)
         try:
             result = self.recording.execute(child, wf, args, kwargs)
         except BaseException as exc:
-            self.emit(
-                seq,
-                "subrun",
-                wf.name,
-                key,
-                st.parent,
-                None,
-                req,
-                None,
-                False,
-                encode_error(exc),
-                False,
-                started,
-                time.perf_counter_ns() - t0,
-                meta,
-            )
+            call.fail(exc)
             raise
-        self._respond(
-            result,
-            st,
-            seq,
-            "subrun",
-            wf.name,
-            key,
-            None,
-            req,
-            False,
-            started,
-            time.perf_counter_ns() - t0,
-            meta,
-        )
+        call.finish(result)
         return result
 
     async def asubrun(
@@ -574,40 +372,17 @@ class RecordRun(RunContext):
         child: RecordRun,
     ) -> Any:
         """Await the child workflow as run ``child`` and record step ``seq`` pointing at it."""
-        started, t0 = time.time(), time.perf_counter_ns()
-        meta = {"child_run_id": child.run_id}
+        call = self._subrun_call(st, seq, key, req, wf, child)
         try:
             result = await self.recording.aexecute(child, wf, args, kwargs)
         except BaseException as exc:
-            self.emit(
-                seq,
-                "subrun",
-                wf.name,
-                key,
-                st.parent,
-                None,
-                req,
-                None,
-                False,
-                encode_error(exc),
-                False,
-                started,
-                time.perf_counter_ns() - t0,
-                meta,
-            )
+            call.fail(exc)
             raise
-        self._respond(
-            result,
-            st,
-            seq,
-            "subrun",
-            wf.name,
-            key,
-            None,
-            req,
-            False,
-            started,
-            time.perf_counter_ns() - t0,
-            meta,
-        )
+        call.finish(result)
         return result
+
+    def _subrun_call(
+        self, st: State, seq: int, key: str, req: bytes, wf: WorkflowInfo, child: RecordRun
+    ) -> RecordingCall:
+        meta = {"child_run_id": child.run_id}
+        return RecordingCall(self, st, "subrun", wf.name, req, False, meta, None, (seq, key))

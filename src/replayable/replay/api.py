@@ -24,7 +24,7 @@ from replayable.errors import (
     ReplayDivergenceError,
 )
 from replayable.events.codec import decode_tree, resolve_name
-from replayable.events.model import Event, Run
+from replayable.events.model import BOUNDARY_KINDS, Event, Run
 from replayable.replay.divergence import Divergence, FieldDiff, field_diff
 from replayable.replay.frames import PausePoint, capture_stack
 from replayable.replay.live import LiveSession, Policy
@@ -317,21 +317,7 @@ def prepare(
     return wf, tuple(inputs["args"]), dict(inputs["kwargs"])
 
 
-_KINDS = frozenset(
-    {
-        "llm",
-        "tool",
-        "http",
-        "clock",
-        "random",
-        "uuid",
-        "sleep",
-        "retrieval",
-        "state_read",
-        "state_write",
-        "subrun",
-    }
-)
+_KINDS = frozenset(BOUNDARY_KINDS) - {"span"}
 
 
 def _pause_at(session: Served, step: int) -> Callable[[Event], None]:
