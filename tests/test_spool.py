@@ -124,7 +124,7 @@ def test_outage_is_spooled_and_drained_exactly_once(
             assert outage_agent(50) == sum(range(50)) * 2
             assert outage_agent(5) == 20
         assert max(TOOK) < BOUND + SLACK
-        assert writer.drain(timeout=15)
+        assert writer.drain(timeout=40)
         assert not list(tmp_path.glob("*-*.jsonl")), "the drained spool is removed"
         HOOKS.clear()
         check_runs(direct, rec.run_ids[:1], 50)
@@ -155,7 +155,7 @@ def test_stall_is_detected_within_the_bound(
             outage_agent(20)
         assert max(TOOK) < BOUND + SLACK
         assert max(TOOK[5:15]) >= writer.stall_s * 0.9, "the stall was waited out, not skipped"
-        assert writer.drain(timeout=15)
+        assert writer.drain(timeout=40)
         HOOKS.clear()
         check_runs(direct, rec.run_ids, 20)
     finally:
@@ -178,7 +178,7 @@ def test_fail_closed_raises_at_the_agent(
         assert len(TOOK) == 5, "the first boundary after the cut raised"
         assert time.monotonic() - t0 < 2 * (BOUND + SLACK)
         proxy.restore()
-        assert writer.drain(timeout=15)
+        assert writer.drain(timeout=40)
         # Nothing handed off is lost: the six calls and the failed outcome are stored.
         check_runs(direct, rec.run_ids, 6, status="failed")
     finally:
@@ -202,7 +202,7 @@ def test_fail_closed_buffered_raises_at_the_next_boundary(
         # the first boundary after the outage was seen raised.
         assert len(TOOK) in (5, 6), "the boundary after the outage was seen raised"
         proxy.restore()
-        assert writer.drain(timeout=15)
+        assert writer.drain(timeout=40)
         # The call that raised had run, so its event is kept with the others.
         check_runs(direct, rec.run_ids, len(TOOK) + 1, status="failed")
     finally:
@@ -227,7 +227,7 @@ def test_spool_of_an_ended_process_is_drained_on_next_start(
     second = PostgresStore(via)
     try:
         writer = writer_for(second, spool_dir=tmp_path)
-        assert writer.drain(timeout=15)
+        assert writer.drain(timeout=40)
         assert not left.exists()
         check_runs(direct, rec.run_ids, 8)
     finally:
