@@ -460,3 +460,13 @@ def test_search_with_predicates_in_sql(owner: PostgresStore) -> None:
     page = owner.search(query)
     assert [h.run_id for h in page.hits] == [rid]
     assert [e.seq for e in page.hits[0].events] == [2]
+
+
+def test_libpq_options_with_spaces_reach_the_server(pg: PgServer) -> None:
+    """options=-c statement_timeout=1500 is passed to libpq intact (a space is not a '+')."""
+    from replayable.store.postgres._connect import parse_url
+
+    url = pg.url(pg.new_schema()) + "&options=-c%20statement_timeout%3D1500"
+    target = parse_url(url)
+    with psycopg.connect(target.dsn) as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("1500ms",)

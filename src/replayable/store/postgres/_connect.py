@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, NoReturn
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.errors
@@ -77,7 +77,10 @@ def parse_url(url: str) -> PgTarget:
             f"store URL {_mask(url)!r}: connect_timeout must be a number of seconds"
         ) from exc
     netloc = parts.netloc
-    dsn = urlunsplit(("postgresql", netloc, parts.path, urlencode(passthrough), ""))
+    # quote, not quote_plus: libpq reads a '+' in a URI as a plus, so
+    # options=-c statement_timeout=2000 must travel as %20, not '+'.
+    query = urlencode(passthrough, quote_via=quote)
+    dsn = urlunsplit(("postgresql", netloc, parts.path, query, ""))
     return PgTarget(
         dsn=dsn,
         display=_mask(url),
