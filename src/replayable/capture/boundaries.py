@@ -252,9 +252,17 @@ _SAMPLING = (
 
 
 def _llm_name(fn: Callable[..., Any]) -> str:
+    """A readable event name: ``openai.chat.completions.create`` for an SDK resource
+    method (its module path after ``resources``), else ``package.Qual.name``."""
     qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     module = getattr(fn, "__module__", "") or ""
     top = module.split(".", 1)[0]
+    if ".resources." in module:
+        parts: list[str] = []
+        for part in module.split(".resources.", 1)[1].split("."):
+            if not parts or parts[-1] != part:
+                parts.append(part)
+        return ".".join([top, *parts, str(qual).rsplit(".", 1)[-1]])
     return f"{top}.{qual}" if top and top not in ("__main__", "builtins") else str(qual)
 
 

@@ -335,13 +335,17 @@ def timeline(events: Sequence[Event], *, title: str | None = None) -> Renderable
     if any(marks):
         table.add_column("via", no_wrap=True)
     table.add_column("kind", no_wrap=True, style="blue")
-    table.add_column("name", no_wrap=True)
-    # The only column that may shrink; its cells clip themselves to one line.
-    table.add_column("summary")
-    table.add_column("started", no_wrap=True, style="dim")
+    # Long names give way before the summary does on a narrow terminal.
+    table.add_column("name", no_wrap=True, overflow="ellipsis", max_width=20)
+    # Its cells clip themselves to one line; it keeps room to say something.
+    table.add_column("summary", min_width=16, ratio=1)
+    # Time since the run's first event: shorter than a clock time, and what a
+    # reader compares (the header gives the run's start).
+    table.add_column("at", justify="right", no_wrap=True, style="dim")
     table.add_column("took", justify="right", no_wrap=True)
     table.add_column("→ next", justify="right", no_wrap=True, style="dim")
     depth = _depths(events)
+    origin = events[0].started_at if events else 0.0
     side_effects = False
     for i, event in enumerate(events):
         args, result, failed = event_parts(event)
@@ -359,7 +363,7 @@ def timeline(events: Sequence[Event], *, title: str | None = None) -> Renderable
             event.kind,
             name,
             _Call(args, result, "red" if failed else ""),
-            format_time(event.started_at, date=False),
+            "+" + format_duration(max(0.0, event.started_at - origin)),
             format_duration(event.duration_ns / 1e9),
             format_duration(gap) if gap is not None and gap >= 0 else "",
             style="red" if failed else None,
