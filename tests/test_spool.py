@@ -124,7 +124,12 @@ def test_outage_is_spooled_and_drained_exactly_once(
             assert outage_agent(50) == sum(range(50)) * 2
             assert outage_agent(5) == 20
         assert max(TOOK) < BOUND + SLACK
-        assert writer.drain(timeout=40)
+        if not writer.drain(timeout=40):
+            import faulthandler
+            import sys
+
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            pytest.fail(f"not drained; last error {writer.last_error!r}")
         assert not list(tmp_path.glob("*-*.jsonl")), "the drained spool is removed"
         HOOKS.clear()
         check_runs(direct, rec.run_ids[:1], 50)
@@ -322,3 +327,45 @@ def test_spool_round_trip_is_byte_identical(tmp_path: Path) -> None:
     assert not spool.pending
     spool.remove()
     assert not spool.path.exists()
+
+
+def test_interrupt_unblocks_a_call_hung_on_a_stalled_connection(
+    urls: tuple[str, str], proxy: FaultProxy
+) -> None:
+    """A write stuck on a connection that never answers fails once interrupted; the next
+    write reconnects and lands."""
+    import threading
+
+    via, direct = urls
+    store = PostgresStore(via.replace("&options=-cstatement_timeout%3D2000", ""))
+    rid = new_id(7)
+    try:
+        store.append([make_start(rid)], [], [])
+        proxy.stall = True  # the open connection stops forwarding, nothing errors
+        outcome: list[BaseException | None] = []
+
+        def write() -> None:
+            try:
+                store.append([], make_events(rid, 1), [])
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        hung = threading.Thread(target=write)
+        hung.start()
+        hung.join(timeout=1.0)
+        assert hung.is_alive(), "the write is waiting on the stalled connection"
+        store.interrupt()
+        hung.join(timeout=5.0)
+        assert not hung.is_alive()
+        assert isinstance(outcome[0], StoreError)
+        proxy.restore()
+        store.append([], make_events(rid, 1), [])
+        reader = PostgresStore(direct)
+        try:
+            assert [e.seq for e in reader.events(rid)] == [1]
+        finally:
+            reader.close()
+    finally:
+        proxy.restore()
+        store.close()

@@ -206,6 +206,8 @@ class _Committer:
         self._job: tuple[Callable[[], Any], threading.Event, list[Any]] | None = None
         self._stop = False
         self.busy = False
+        self.started = 0.0
+        self.interrupted = -1.0
         self._thread = threading.Thread(target=self._run, name="replayable-committer", daemon=True)
         self._thread.start()
 
@@ -215,6 +217,7 @@ class _Committer:
         """``(result, None)``, ``(None, error)``, or ``(None, _Stalled)`` after ``timeout``."""
         if self.busy:
             return None, _Stalled(f"{what}: the store is still busy with a call that stalled")
+        self.started = time.monotonic()
         done = threading.Event()
         box: list[Any] = [None, None]
         with self._cond:
@@ -424,28 +427,42 @@ class Writer:
         while True:
             self._wake.wait(self.interval)
             self._wake.clear()
-            while self._queue:
-                raw: list[tuple[int, Any, _Waiter | None]] = []
-                while self._queue and len(raw) < self.batch_size:
-                    raw.append(self._queue.popleft())
-                try:
-                    batch = self._build(raw)
-                except StoreError as exc:
-                    # Building an end record may need the run's start from the store;
-                    # nothing has advanced, so put the batch back and retry later.
-                    self.last_error = exc
-                    self._queue.extendleft(reversed(raw))
-                    time.sleep(self._backoff)
-                    self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
-                    break
-                self._persist(batch)
-                if self._due():
-                    self._drain_some()
+            try:
+                if self._step():
+                    return
+            except Exception as exc:
+                # The thread must outlive any bug of its own: a dead writer would
+                # silently drop every record handed to it afterwards.
+                log.exception("replayable: the writer for %s hit an error", self.store.url)
+                self.last_error = exc
+                time.sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+
+    def _step(self) -> bool:
+        """One round of the writer thread; ``True`` once it has shut down."""
+        while self._queue:
+            raw: list[tuple[int, Any, _Waiter | None]] = []
+            while self._queue and len(raw) < self.batch_size:
+                raw.append(self._queue.popleft())
+            try:
+                batch = self._build(raw)
+            except StoreError as exc:
+                # Building an end record may need the run's start from the store;
+                # nothing has advanced, so put the batch back and retry later.
+                self.last_error = exc
+                self._queue.extendleft(reversed(raw))
+                time.sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+                break
+            self._persist(batch)
             if self._due():
                 self._drain_some()
-            if self._closed and not self._queue:
-                self._shutdown()
-                return
+        if self._due():
+            self._drain_some()
+        if self._closed and not self._queue:
+            self._shutdown()
+            return True
+        return False
 
     # -- persisting ---------------------------------------------------------
 
@@ -470,7 +487,27 @@ class Writer:
     def _due(self) -> bool:
         if not (self._leftovers or self._backlogged()):
             return False
-        return time.monotonic() >= self._next_try and not self._committer.busy
+        if self._committer.busy:
+            self._unstick()
+            return False
+        return time.monotonic() >= self._next_try
+
+    def _unstick(self) -> None:
+        """A store call that has hung far past the stall bound (a read the network will
+        never answer) holds the store; ask the store to abort it."""
+        hung = time.monotonic() - self._committer.started
+        if (
+            hung > max(5.0, 10 * self.stall_s)
+            and self._committer.interrupted != self._committer.started
+        ):
+            self._committer.interrupted = self._committer.started
+            log.warning(
+                "replayable: a call to %s hung for %.0fs; interrupting it", self.store.url, hung
+            )
+            try:
+                self.store.interrupt()
+            except Exception as exc:
+                log.warning("replayable: could not interrupt %s: %s", self.store.url, exc)
 
     def _persist(self, batch: _Batch) -> None:
         if self._backlogged():

@@ -153,6 +153,10 @@ class EventStore(ABC):
         """Flush pending writes and release connections; the store is unusable afterwards."""
         self.run_close_hooks()
 
+    def interrupt(self) -> None:  # noqa: B027 - optional for backends without sockets
+        """Abort a store call that hangs in another thread (a network read that will
+        never be answered), so it fails and releases the store. No-op by default."""
+
     def add_close_hook(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` first thing when the store closes (the writer flushes here)."""
         self.__dict__.setdefault("_close_hooks", []).append(hook)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import socket
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -469,6 +471,25 @@ class PostgresStore(EventStore):
         from replayable.store.postgres._search import search
 
         return search(self, query)
+
+    def interrupt(self) -> None:
+        """Shut the sockets of both connections down (without taking the locks a hung
+        call holds): its blocked read returns, psycopg raises, the lock is released and
+        the next call reconnects."""
+        for conn in (self._write_conn, self._read_conn):
+            if conn is None or conn.closed:
+                continue
+            try:
+                fd = conn.pgconn.socket
+                sock = socket.socket(fileno=os.dup(fd))
+            except Exception:
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                sock.close()
 
     def close(self) -> None:
         self.run_close_hooks()
