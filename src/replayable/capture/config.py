@@ -47,6 +47,8 @@ class Settings:
             *cfg.get("env_vars", ()),
             *_split(os.environ.get("REPLAYABLE_CAPTURE_ENV", "")),
         )
+        #: ``thread`` (default) or ``process``: where recorded events are persisted.
+        self.writer: str = os.environ.get("REPLAYABLE_WRITER") or cfg.get("writer", "thread")
         #: Tool names replay treats as side-effecting even without ``side_effect=True``.
         self.side_effects: frozenset[str] = frozenset(
             (*cfg.get("side_effects", ()), *_split(os.environ.get("REPLAYABLE_SIDE_EFFECTS", "")))
@@ -62,10 +64,13 @@ def configure(
     redact_patterns: Iterable[str] | None = None,
     env_vars: Iterable[str] | None = None,
     side_effects: Iterable[str] | None = None,
+    writer: str | None = None,
 ) -> None:
     """Add secret key names or value patterns to redact, or name environment variables
     whose values every run records (secret-looking ones are redacted), or name
-    third-party tools replay must guard as side effects.
+    third-party tools replay must guard as side effects, or choose where
+    events are persisted (``writer="process"``: a writer process, so the
+    agent's process only encodes and forwards; stores opened afterwards).
 
     Redaction applies to everything recorded afterwards, and to the requests
     replay compares, so set it before recording.
@@ -76,9 +81,15 @@ def configure(
         settings.redactor = Redactor(
             extra_keys=redact_keys or (), extra_patterns=redact_patterns or ()
         )
-        for writer in list(_writers.values()):
-            writer.redactor = settings.redactor
+        for running in list(_writers.values()):
+            running.redactor = settings.redactor
     if env_vars is not None:
         settings.env_vars = tuple(env_vars)
     if side_effects is not None:
         settings.side_effects = frozenset(side_effects)
+    if writer is not None:
+        if writer not in ("thread", "process"):
+            from replayable.errors import ConfigurationError
+
+            raise ConfigurationError(f"writer must be 'thread' or 'process', not {writer!r}")
+        settings.writer = writer

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from replayable.capture.context import _STATE, State
+from replayable.capture.procwriter import ProcessWriter
 from replayable.capture.runtime import (
     OpenCall,
     RunContext,
@@ -114,7 +115,7 @@ class RecordRun(RunContext):
         self.recording = recording
         self.run_id = run_id
         self.root_run_id = root_run_id
-        self.writer: Writer = recording.writer
+        self.writer: Writer | ProcessWriter = recording.writer
         self.durable = recording.durable
         self._seq = itertools.count(1)
 

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from replayable.capture.config import settings
 from replayable.capture.linker import Chain, Linker, PendingEvent
+from replayable.capture.procwriter import ProcessWriter
 from replayable.capture.spool import Spool, SpoolBatch, adopt_leftovers, append_rejects
 from replayable.errors import (
     AppendOnlyError,
@@ -780,7 +781,9 @@ class Writer:
                     del _writers[self.store]
 
 
-_writers: weakref.WeakKeyDictionary[EventStore, Writer] = weakref.WeakKeyDictionary()
+_writers: weakref.WeakKeyDictionary[EventStore, Writer | ProcessWriter] = (
+    weakref.WeakKeyDictionary()
+)
 _writers_lock = threading.Lock()
 
 
@@ -790,18 +793,33 @@ def writer_for(
     max_block_s: float | None = None,
     on_store_failure: OnStoreFailure | None = None,
     spool_dir: str | os.PathLike[str] | None = None,
-) -> Writer:
-    """The store's writer, started on first use; given options reconfigure it."""
+) -> Writer | ProcessWriter:
+    """The store's writer, started on first use; given options reconfigure it.
+
+    With ``configure(writer="process")`` (or ``$REPLAYABLE_WRITER=process``) a store
+    that a second process can open gets a :class:`ProcessWriter`.
+    """
     with _writers_lock:
         writer = _writers.get(store)
         if writer is None or writer._closed:
-            writer = _writers[store] = Writer(
-                store,
-                redactor=settings.redactor,
-                max_block_s=5.0 if max_block_s is None else max_block_s,
-                on_store_failure=on_store_failure or "spool",
-                spool_dir=spool_dir,
-            )
+            block = 5.0 if max_block_s is None else max_block_s
+            if settings.writer == "process" and not store.url.startswith("memory:"):
+                writer = ProcessWriter(
+                    store,
+                    redactor=settings.redactor,
+                    max_block_s=block,
+                    on_store_failure=on_store_failure or "spool",
+                    spool_dir=spool_dir if spool_dir is not None else default_spool_dir(),
+                )
+            else:
+                writer = Writer(
+                    store,
+                    redactor=settings.redactor,
+                    max_block_s=block,
+                    on_store_failure=on_store_failure or "spool",
+                    spool_dir=spool_dir,
+                )
+            _writers[store] = writer
             store.add_close_hook(writer.close)
             return writer
     writer.configure(
