@@ -33,6 +33,7 @@ from harness import (
     temp_dir,
     us,
 )
+from replayable.capture.config import settings
 from replayable.store.sqlite import SQLiteStore
 
 PAYLOAD = payload_1kb()
@@ -213,6 +214,17 @@ def run(cfg: Config) -> Section:
             replay_triv, _ = _replay(store, "trivial", triv)
         finally:
             store.close()
+        # The same steady-state measurement with the writer in its own process.
+        before = settings.writer
+        replayable.configure(writer="process")
+        try:
+            pstore = SQLiteStore(tmp / "capture-process.db")
+            try:
+                proc = _record(pstore, "arg_1kb", Plan(lookup, PAYLOAD, batch, samples))
+            finally:
+                pstore.close()
+        finally:
+            settings.writer = before
     plain = stats(plain_s + _direct(lookup_plain, PAYLOAD, dbatch, dsamples))
     fl = stats(floor_s + _direct(floor, PAYLOAD, dbatch, dsamples))
 
@@ -268,8 +280,18 @@ def run(cfg: Config) -> Section:
         f"peer reference {PEER_REPLAY_US:.0f} µs",
     )
 
+    p_overhead = proc.per_call.median - plain.median
+    p_ratio = p_overhead / fl.median
+    sec.row(
+        "recorded call, 1 KB argument, writer process (steady)",
+        us(proc.per_call.median),
+        f"overhead {us(p_overhead)}, {p_ratio:.1f}x floor; {spread(proc.per_call)}",
+    )
     sec.targets.append(Target("tool overhead, 1 KB arg (µs)", overhead / 1000, 10.0, "µs"))
     sec.targets.append(Target("tool overhead / floor", ratio, 3.0, "x"))
+    sec.targets.append(Target("tool overhead, writer process (µs)", p_overhead / 1000, 10.0, "µs"))
+    sec.targets.append(Target("tool overhead / floor, writer process", p_ratio, 3.0, "x"))
+    sec.data["recorded_arg_1kb_process"] = proc.per_call.as_dict()
     sec.data = {
         "payload_bytes": size,
         "batch_recorded": batch,
