@@ -230,6 +230,7 @@ def test_thirty_days_of_reviews_finds_exactly_the_14_affected(store: EventStore)
         "response.risk missing",
         "request.contract == 7.0",
         "response.rows == []",
+        "response nonempty",
     ],
 )
 def test_backends_agree_with_the_python_reference(store: EventStore, predicate: str) -> None:

@@ -74,7 +74,7 @@ _WORDS: Final[dict[str, Op]] = {
 }
 _UNARY: Final = frozenset(_WORDS.values())
 _PATTERN: Final = re.compile(
-    r"^\s*(?P<side>[a-z]+)\.(?P<path>[^\s=!^~<>]+)"
+    r"^\s*(?P<side>[a-z]+)(?:\.(?P<path>[^\s=!^~<>]+))?"
     r"(?:\s*(?P<sym>==|!=|\^=|~=|<=|>=|<|>)\s*(?P<value>.*?)|\s+(?P<word>[a-z]+))\s*$"
 )
 _EMPTY: Final[tuple[Any, ...]] = ([], {}, "", None)
@@ -94,7 +94,7 @@ class Predicate:
             raise ConfigurationError(
                 f"predicate side {self.side!r} is not one of {', '.join(SIDES)}"
             )
-        if not self.path or any(not p for p in self.path):
+        if any(not p for p in self.path):
             raise ConfigurationError(f"predicate path {'.'.join(self.path)!r} has an empty part")
         if self.op in ("prefix", "contains") and not isinstance(self.value, str):
             raise ConfigurationError(f"operator {self.op} needs a string, got {self.value!r}")
@@ -115,7 +115,8 @@ class Predicate:
             raise ConfigurationError(
                 f"predicate {text!r}: {side!r} is not one of {', '.join(SIDES)}"
             )
-        path = tuple(m["path"].split("."))
+        # A bare side ('response empty') tests the whole value.
+        path = tuple(m["path"].split(".")) if m["path"] else ()
         if m["word"] is not None:
             op = _WORDS.get(m["word"])
             if op is None:
@@ -138,7 +139,7 @@ class Predicate:
         return cls(side, path, op, value)  # type: ignore[arg-type]
 
     def __str__(self) -> str:
-        where = f"{self.side}.{'.'.join(self.path)}"
+        where = ".".join((self.side, *self.path))
         if self.op in _UNARY:
             return f"{where} {self.op}"
         symbol = next(s for s, o in _SYMBOLS.items() if o == self.op)
