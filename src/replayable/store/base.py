@@ -54,6 +54,33 @@ class RunFilter:
         self.roots_only = roots_only
         self.limit = limit
 
+    def sql_conditions(self, ph: str) -> tuple[list[str], list[Any]]:
+        """WHERE conditions the SQL backends share, over runs ``r`` left-joined to their
+        end records ``e``; ``ph`` is the driver's placeholder. Metadata, whose indexing
+        differs per backend, is left to the caller."""
+        where: list[str] = []
+        params: list[Any] = []
+        if self.workflow is not None:
+            where.append(f"r.workflow = {ph}")
+            params.append(self.workflow)
+        if self.status == "incomplete":
+            where.append("e.run_id IS NULL")
+        elif self.status is not None:
+            where.append(f"e.status = {ph}")
+            params.append(self.status)
+        if self.since is not None:
+            where.append(f"r.started_at >= {ph}")
+            params.append(self.since)
+        if self.until is not None:
+            where.append(f"r.started_at <= {ph}")
+            params.append(self.until)
+        if self.parent_run_id is not None:
+            where.append(f"r.parent_run_id = {ph}")
+            params.append(self.parent_run_id)
+        if self.roots_only:
+            where.append("r.parent_run_id IS NULL")
+        return where, params
+
     def matches(self, run: Run) -> bool:
         """Whether ``run`` passes this filter (used by backends that filter in Python)."""
         s = run.start

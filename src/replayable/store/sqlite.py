@@ -364,28 +364,7 @@ class SQLiteStore(EventStore):
 
     def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
         f = filter or RunFilter()
-        where: list[str] = []
-        params: list[Any] = []
-        if f.workflow is not None:
-            where.append("r.workflow = ?")
-            params.append(f.workflow)
-        if f.status is not None:
-            if f.status == "incomplete":
-                where.append("e.run_id IS NULL")
-            else:
-                where.append("e.status = ?")
-                params.append(f.status)
-        if f.since is not None:
-            where.append("r.started_at >= ?")
-            params.append(f.since)
-        if f.until is not None:
-            where.append("r.started_at <= ?")
-            params.append(f.until)
-        if f.parent_run_id is not None:
-            where.append("r.parent_run_id = ?")
-            params.append(f.parent_run_id)
-        if f.roots_only:
-            where.append("r.parent_run_id IS NULL")
+        where, params = f.sql_conditions("?")
         for k, v in f.metadata.items():
             if isinstance(v, dict | list):  # nested values are not tagged
                 where.append("0")

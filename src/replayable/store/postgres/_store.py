@@ -416,30 +416,9 @@ class PostgresStore(EventStore):
 
     def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
         f = filter or RunFilter()
-        where: list[str] = []
-        params: list[Any] = []
-        if f.workflow is not None:
-            where.append("r.workflow = %s")
-            params.append(f.workflow)
-        if f.status is not None:
-            if f.status == "incomplete":
-                where.append("e.run_id IS NULL")
-            else:
-                where.append("e.status = %s")
-                params.append(f.status)
-        if f.since is not None:
-            where.append("r.started_at >= %s")
-            params.append(f.since)
-        if f.until is not None:
-            where.append("r.started_at <= %s")
-            params.append(f.until)
-        if f.parent_run_id is not None:
-            if not _is_uuid(f.parent_run_id):
-                return []
-            where.append("r.parent_run_id = %s")
-            params.append(f.parent_run_id)
-        if f.roots_only:
-            where.append("r.parent_run_id IS NULL")
+        if f.parent_run_id is not None and not _is_uuid(f.parent_run_id):
+            return []
+        where, params = f.sql_conditions("%s")
         if f.metadata:
             if any(isinstance(v, dict | list) for v in f.metadata.values()):
                 return []  # nested values are not indexed, so no filter matches them
