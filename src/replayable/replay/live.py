@@ -23,15 +23,14 @@ from replayable.capture.record import RecordingCall, RecordRun
 from replayable.capture.recording import Recording
 from replayable.capture.runtime import OpenCall, WorkflowInfo
 from replayable.events.canonical import fingerprint
-from replayable.events.codec import encode_request, encode_value
+from replayable.events.codec import encode_value
 from replayable.events.model import Event, Run
 from replayable.replay.divergence import ActualCall, Divergence, field_diff
 from replayable.replay.session import (
-    ReplayRun,
     Served,
-    _served_async,
     aexecute_replay,
     execute_replay,
+    explain,
     served_value,
 )
 from replayable.replay.tape import Tape
@@ -114,9 +113,7 @@ class LiveReplayRun(RecordRun):
             actual = ActualCall(
                 kind=kind, name=name, key=key, request=req, fingerprint=fp, call_site=site
             )
-            probe = ReplayRun(session, self._original_run(), [])
-            probe.tape = tape
-            div = probe.divergence(reason_ev, actual)
+            div = explain(tape, self.original_run_id or session.original.run_id, reason_ev, actual)
             if blocked:
                 nearest = reason_ev or tape.find_name(kind, name)
                 diff = (
@@ -171,9 +168,6 @@ class LiveReplayRun(RecordRun):
         if same_call and ev is not None:
             tape.take(ev)  # the live call stands where the recorded one stood
         return _Decision("live", seq, key, req, ev)
-
-    def _original_run(self) -> Run:
-        return self.session.original
 
     # -- answering ----------------------------------------------------------------
 
@@ -483,6 +477,3 @@ class LiveSession(Served, Recording):
         self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Any:
         return await self.aexecute(self._root(wf, args, kwargs), wf, args, kwargs)
-
-
-_ = (ReplayRun, _served_async, encode_request)

@@ -38,6 +38,7 @@ __all__ = [
     "Stop",
     "aexecute_replay",
     "execute_replay",
+    "explain",
     "request_fingerprint",
 ]
 
@@ -171,23 +172,6 @@ class ReplayRun(RunContext):
         self.complete = run.end is not None
         self.partial = partial
 
-    def match(
-        self, st: State, kind: str, name: str, request: Any, site: str | None
-    ) -> tuple[Event | None, ActualCall]:
-        """The recorded event at this call's causal position and the call as asked."""
-        self.session.check()
-        key = st.lineage.next_key()
-        ev = self.tape.at(key)
-        if ev is None and self.partial:
-            # Only a prefix was loaded (stop_at); fetch the rest before judging.
-            self.tape.extend(self.session.store.events(self.run_id))
-            self.partial = False
-            ev = self.tape.at(key)
-        req, fp = request_fingerprint(kind, name, request, ev)
-        return ev, ActualCall(
-            kind=kind, name=name, key=key, request=req, fingerprint=fp, call_site=site
-        )
-
     def _serve(self, st: State, kind: str, name: str, request: Any, site: str | None) -> Event:
         self.session.check()
         key = st.lineage.next_key()
@@ -220,43 +204,7 @@ class ReplayRun(RunContext):
 
     def divergence(self, ev: Event | None, actual: ActualCall) -> Divergence:
         """Explain why ``actual`` does not match ``ev`` (the event at its position, if any)."""
-        actual = msgspec.structs.replace(actual, request=orjson.loads(actual.request))
-        if ev is None:
-            reason: DivergenceReason = (
-                "tape_exhausted" if self.tape.remaining() == 0 else "unexpected_call"
-            )
-            return Divergence(
-                reason=reason,
-                run_id=self.run_id,
-                step=self._next_step(),
-                actual=actual,
-                nearest=self.tape.nearest(actual.kind, actual.name),
-                call_site=actual.call_site,
-            )
-        if ev.kind != actual.kind or ev.name != actual.name:
-            return Divergence(
-                reason="unexpected_call",
-                run_id=self.run_id,
-                step=ev.seq,
-                expected=ev,
-                actual=actual,
-                call_site=actual.call_site,
-            )
-        return Divergence(
-            reason="request_changed",
-            run_id=self.run_id,
-            step=ev.seq,
-            expected=ev,
-            actual=actual,
-            diff=field_diff(ev.request_value(), actual.request),
-            call_site=actual.call_site,
-        )
-
-    def _next_step(self) -> int:
-        unasked = self.tape.unasked()
-        if unasked:
-            return unasked[0].seq
-        return (self.tape.events[-1].seq + 1) if self.tape.events else 1
+        return explain(self.tape, self.run_id, ev, actual)
 
     def begin(
         self,
@@ -339,6 +287,42 @@ class ReplayRun(RunContext):
                     unasked=[e.seq for e in unasked],
                 )
             )
+
+
+def explain(tape: Tape, run_id: str, ev: Event | None, actual: ActualCall) -> Divergence:
+    """Why the call ``actual`` does not match ``ev``, the recorded event at its causal
+    position (``None`` if the tape has nothing there)."""
+    actual = msgspec.structs.replace(actual, request=orjson.loads(actual.request))
+    if ev is None:
+        reason: DivergenceReason = "tape_exhausted" if tape.remaining() == 0 else "unexpected_call"
+        unasked = tape.unasked()
+        step = unasked[0].seq if unasked else (tape.events[-1].seq + 1 if tape.events else 1)
+        return Divergence(
+            reason=reason,
+            run_id=run_id,
+            step=step,
+            actual=actual,
+            nearest=tape.nearest(actual.kind, actual.name),
+            call_site=actual.call_site,
+        )
+    if ev.kind != actual.kind or ev.name != actual.name:
+        return Divergence(
+            reason="unexpected_call",
+            run_id=run_id,
+            step=ev.seq,
+            expected=ev,
+            actual=actual,
+            call_site=actual.call_site,
+        )
+    return Divergence(
+        reason="request_changed",
+        run_id=run_id,
+        step=ev.seq,
+        expected=ev,
+        actual=actual,
+        diff=field_diff(ev.request_value(), actual.request),
+        call_site=actual.call_site,
+    )
 
 
 def execute_replay(

@@ -13,6 +13,7 @@ import orjson
 from replayable.errors import AppendOnlyError, RunNotFoundError, SchemaVersionError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store.base import EventStore, RunFilter, tag_value
+from replayable.store.rows import event_from_row, run_from_row
 
 __all__ = ["SQLiteStore"]
 
@@ -314,45 +315,13 @@ class SQLiteStore(EventStore):
         rows = self._query(self._select_runs() + " WHERE r.run_id = ?", (run_id,))
         if not rows:
             raise RunNotFoundError(f"no run {run_id!r} in {self.url}")
-        return self._run_from(rows[0])
+        return run_from_row(rows[0])
 
     def _select_runs(self) -> str:
         return (
             f"SELECT r.{_RUN_COLS.replace(', ', ', r.')}, e.{_END_COLS.replace(', ', ', e.')} "
             "FROM runs r LEFT JOIN run_ends e ON e.run_id = r.run_id"
         )
-
-    @staticmethod
-    def _run_from(row: Sequence[Any]) -> Run:
-        start = RunStart(
-            run_id=row[0],
-            workflow=row[1],
-            entrypoint=row[2],
-            parent_run_id=row[3],
-            parent_seq=row[4],
-            root_run_id=row[5],
-            tenant=row[6],
-            input=row[7],
-            metadata=orjson.loads(row[8]),
-            code=orjson.loads(row[9]),
-            env_hash=row[10],
-            lineage=orjson.loads(row[11]),
-            started_at=row[12],
-            schema_version=row[13],
-        )
-        end = None
-        if len(row) > 14 and row[14] is not None:
-            end = RunEnd(
-                run_id=row[14],
-                status=row[15],
-                output=row[16],
-                error=row[17],
-                ended_at=row[18],
-                event_count=row[19],
-                last_hash=row[20],
-                schema_version=row[21],
-            )
-        return Run(start=start, end=end)
 
     def find_run_ids(self, prefix: str, limit: int = 6) -> list[str]:
         upper = prefix + "\uffff"
@@ -378,7 +347,7 @@ class SQLiteStore(EventStore):
         if f.limit is not None:
             sql += " LIMIT ?"
             params.append(f.limit)
-        return [self._run_from(row) for row in self._query(sql, params)]
+        return [run_from_row(row) for row in self._query(sql, params)]
 
     def events(self, run_id: str) -> list[Event]:
         return self._events("WHERE run_id = ? ORDER BY seq", (run_id,))
@@ -388,31 +357,7 @@ class SQLiteStore(EventStore):
 
     def _events(self, where: str, params: tuple[Any, ...]) -> list[Event]:
         rows = self._query(f"SELECT {_EVENT_COLS} FROM events {where}", params)
-        return [
-            Event(
-                run_id=r[0],
-                seq=r[1],
-                kind=r[2],
-                name=r[3],
-                key=r[4],
-                parent=r[5],
-                call_site=r[6],
-                request=r[7],
-                fingerprint=r[8],
-                response=r[9],
-                encoding=r[10],
-                error=r[11],
-                side_effect=bool(r[12]),
-                started_at=r[13],
-                duration_ns=r[14],
-                metadata=orjson.loads(r[15]),
-                chain_index=r[16],
-                prev_hash=r[17],
-                hash=r[18],
-                schema_version=r[19],
-            )
-            for r in rows
-        ]
+        return [event_from_row(r) for r in rows]
 
     def iter_run_ids(self) -> Iterator[str]:
         rows = self._query("SELECT run_id FROM runs ORDER BY started_at, run_id")

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from replayable.store.postgres._store import _EVENT_COLS, event_from_row, run_tags
+from replayable.store.postgres._store import _EVENT_COLS, run_tags
+from replayable.store.rows import event_from_row
 from replayable.store.search import EventQuery, Predicate, SearchHit, SearchPage
 
 if TYPE_CHECKING:
