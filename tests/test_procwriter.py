@@ -136,8 +136,8 @@ def test_a_dead_writer_process_falls_back_to_writing_in_process(
     try:
         writer = writer_for(store)
         assert isinstance(writer, ProcessWriter)
-        writer._proc.kill()
-        writer._proc.wait()
+        writer._channel.proc.kill()
+        writer._channel.proc.wait()
         deadline = time.monotonic() + 5
         while writer._fallback is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -147,5 +147,108 @@ def test_a_dead_writer_process_falls_back_to_writing_in_process(
         run_id = rec.run_ids[0]
         assert store.get_run(run_id).status == "completed"
         assert replayable.verify_run(store, run_id).ok
+    finally:
+        store.close()
+
+
+def test_stores_share_one_writer_process_and_close_independently(
+    process_writer: None, tmp_path: Path
+) -> None:
+    """Every store of a process goes through one child; closing one leaves the others."""
+    first = replayable.open_store(f"sqlite:///{tmp_path}/a.db")
+    second = replayable.open_store(f"sqlite:///{tmp_path}/b.db")
+    try:
+        a, b = writer_for(first), writer_for(second)
+        assert isinstance(a, ProcessWriter)
+        assert isinstance(b, ProcessWriter)
+        assert a._channel is b._channel
+        with replayable.recording(first) as rec_a:
+            agents.research("alpacas")
+        first.close()
+        with replayable.recording(second) as rec_b:
+            agents.research("vicunas")
+        assert a._channel.proc.poll() is None, "the child outlives the first store"
+        assert len(second.events(rec_b.run_ids[0])) == 6
+        assert replayable.verify_run(second, rec_b.run_ids[0]).ok
+    finally:
+        second.close()
+    reopened = replayable.open_store(f"sqlite:///{tmp_path}/a.db")
+    try:
+        assert reopened.get_run(rec_a.run_ids[0]).status == "completed"
+        assert len(reopened.events(rec_a.run_ids[0])) == 6
+    finally:
+        reopened.close()
+
+
+def test_a_relative_store_path_is_the_same_file_after_a_change_of_directory(
+    process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child opens the file the agent opened, whatever the agent's directory is later."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    store = replayable.open_store("sqlite:///runs.db")
+    try:
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        with replayable.recording(store) as rec:
+            agents.research("guanacos")
+        assert len(store.events(rec.run_ids[0])) == 6
+    finally:
+        store.close()
+    assert (tmp_path / "here" / "runs.db").exists()
+    assert not (tmp_path / "elsewhere" / "runs.db").exists()
+
+
+def test_a_child_far_behind_makes_the_agent_wait_and_loses_nothing(
+    process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_QUEUED records waiting, the hot path waits for the forwarder."""
+    from replayable.capture import procwriter
+
+    monkeypatch.setattr(procwriter, "MAX_QUEUED", 64)
+    waits: list[int] = []
+    original = ProcessWriter._backpressure
+
+    def counting(self: ProcessWriter) -> None:
+        waits.append(len(self._buf))
+        original(self)
+
+    monkeypatch.setattr(ProcessWriter, "_backpressure", counting)
+
+    @replayable.workflow("flood")
+    def flood(n: int) -> int:
+        for i in range(n):
+            agents.fetch(f"u{i}")
+        return n
+
+    store = replayable.open_store(f"sqlite:///{tmp_path}/q.db")
+    try:
+        with replayable.recording(store) as rec:
+            flood(3000)
+        assert waits, "the bound was reached"
+        assert all(n >= 64 for n in waits)
+        assert [e.seq for e in store.events(rec.run_ids[0])] == list(range(1, 3001))
+        assert replayable.verify_run(store, rec.run_ids[0]).ok
+    finally:
+        store.close()
+
+
+def test_fail_closed_recordings_use_the_in_process_writer(
+    process_writer: None, tmp_path: Path
+) -> None:
+    """on_store_failure='raise' needs to see an outage at once: it switches to a thread."""
+    from replayable.capture.writer import Writer
+
+    store = replayable.open_store(f"sqlite:///{tmp_path}/r.db")
+    try:
+        with replayable.recording(store) as first:
+            agents.research("one")
+        assert isinstance(writer_for(store), ProcessWriter)
+        with replayable.recording(store, on_store_failure="raise") as second:
+            agents.research("two")
+        assert isinstance(writer_for(store), Writer)
+        for run_id in (*first.run_ids, *second.run_ids):
+            assert store.get_run(run_id).status == "completed"
+            assert replayable.verify_run(store, run_id).ok
     finally:
         store.close()

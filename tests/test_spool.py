@@ -369,3 +369,50 @@ def test_interrupt_unblocks_a_call_hung_on_a_stalled_connection(
     finally:
         proxy.restore()
         store.close()
+
+
+def test_writer_process_spools_a_store_it_cannot_reach_yet(
+    urls: tuple[str, str], proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """The child opens the store on first use: unreachable then, it spools and drains later."""
+    from replayable.capture.procwriter import ProcessWriter
+
+    via, direct = urls
+    store = PostgresStore(via)  # the agent's own connection is made while the server is up
+    proxy.cut()
+    before = replayable.capture.config.settings.writer
+    replayable.configure(writer="process")
+    try:
+        writer = writer_for(store, max_block_s=BOUND, spool_dir=tmp_path)
+        assert isinstance(writer, ProcessWriter)
+        with replayable.recording(store) as rec:
+            assert outage_agent(12) == sum(range(12)) * 2
+        assert max(TOOK) < BOUND + SLACK
+        wait_until(lambda: writer.spooled)
+        proxy.restore()
+        assert writer.drain(timeout=40), f"not drained; last error {writer.last_error!r}"
+        check_runs(direct, rec.run_ids, 12)
+    finally:
+        replayable.capture.config.settings.writer = before
+        store.close()
+
+
+def test_a_writer_with_nothing_left_to_drain_is_back(sqlite_path: Path, tmp_path: Path) -> None:
+    """A drain round can run out of time just after the last spooled batch went in; the
+    next round must still see that nothing is left and call the store back."""
+    store = SQLiteStore(sqlite_path)
+    writer = Writer(store, spool_dir=tmp_path, max_block_s=2.0)
+    try:
+        # The state such a round leaves: marked down, nothing spooled or held.
+        writer._down = StoreError("it was down")
+        writer._drained.clear()
+        assert writer.spooled
+        assert writer.drain(timeout=5), "the writer saw it had nothing left"
+        assert not writer.spooled
+        run_id = new_id(2)
+        writer.start(make_start(run_id))
+        writer.event(pending(run_id, 1), durable=True)
+        assert [e.seq for e in store.events(run_id)] == [1]
+    finally:
+        writer.close()
+        store.close()

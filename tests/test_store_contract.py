@@ -14,6 +14,7 @@ import hashlib
 import sqlite3
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -810,13 +811,26 @@ class TestOpenStore:
     """open_store: backends chosen by URL."""
 
     def test_sqlite_relative_path(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """sqlite:///name.db is a path relative to the current directory."""
+        """sqlite:///name.db is a path relative to the current directory when opened,
+        and stays that file after the directory changes."""
         monkeypatch.chdir(tmp_path)
         store = open_store("sqlite:///relative.db")
         try:
             assert isinstance(store, SQLiteStore)
-            assert not store.path.is_absolute()
+            assert store.path == tmp_path / "relative.db"
+            assert store.url == f"sqlite:///{tmp_path / 'relative.db'}"
             assert (tmp_path / "relative.db").is_file()
+            (tmp_path / "other").mkdir()
+            monkeypatch.chdir(tmp_path / "other")
+            start = make_start(new_id(7))
+            # A reading thread opens its own connection: it must open the same file.
+            reader = ThreadPoolExecutor(1)
+            store.append([start])
+            assert reader.submit(lambda: store.get_run(start.run_id).run_id).result() == (
+                start.run_id
+            )
+            reader.shutdown()
+            assert not (tmp_path / "other" / "relative.db").exists()
         finally:
             store.close()
 

@@ -1,14 +1,25 @@
 """The writer process behind :class:`~replayable.capture.procwriter.ProcessWriter`.
 
-Reads length-prefixed msgpack frames (each an array of records) from stdin and
-hands them to an ordinary in-process ``Writer``; after each frame holding
-acknowledgement requests it flushes and writes one line per request to stdout:
-the ticket, then an error message if the flush failed. On end of input (the
-agent's process closed the pipe or died) it flushes what it has and exits.
+Reads length-prefixed msgpack frames from stdin. A frame is an array: the
+number of the store it is for, then that store's records in order. The first
+record of a store (``o``) names its URL and settings and starts an ordinary
+in-process ``Writer`` for it; events, starts, ends and blobs go to that
+writer; ``m`` asks for an acknowledgement, ``c`` closes the store, ``k`` and
+``r`` change outage and redaction settings. After each frame holding
+acknowledgement requests it flushes the store's writer and writes one line
+per request to stdout: the ticket, then an error message if the flush failed
+(``q`` and ``d`` are answered the same way: spooled or not, drained or not).
+On end of input (the agent's process closed the pipe or died) it flushes what
+it has and exits.
+
+The store is opened on its first use, not when the ``o`` record arrives: a
+database that cannot be reached yet is an outage like any other, and the
+writer spools until it answers.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -19,10 +30,35 @@ from replayable.capture.writer import Writer
 from replayable.errors import StoreError
 from replayable.events.canonical import Redactor
 from replayable.store import open_store
+from replayable.store.base import EventStore
+
+
+class _LazyStore:
+    """A store opened on first use, so that opening it fails like any other store call."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._store: EventStore | None = None
+
+    def _get(self) -> EventStore:
+        if self._store is None:
+            self._store = open_store(self.url)
+        return self._store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def interrupt(self) -> None:
+        if self._store is not None:
+            self._store.interrupt()
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
 
 
 def _read_exactly(stream: Any, n: int) -> bytes | None:
-    data = b""
+    data: bytes = stream.read(n)
     while len(data) < n:
         chunk = stream.read(n - len(data))
         if not chunk:
@@ -31,18 +67,31 @@ def _read_exactly(stream: Any, n: int) -> bytes | None:
     return data
 
 
-def main(argv: list[str]) -> int:
-    config = msgspec.json.decode(argv[0])
-    store = open_store(config["url"])
+def _redactor(keys: list[str], patterns: list[str]) -> Redactor:
+    return Redactor(keys=keys, value_patterns=patterns)
+
+
+def _open(config: dict[str, Any]) -> tuple[Writer, _LazyStore]:
+    store = _LazyStore(config["url"])
     writer = Writer(
-        store,
-        redactor=Redactor(extra_keys=config["redact_keys"]),
+        store,  # type: ignore[arg-type]
+        redactor=_redactor(config["redact_keys"], config["redact_patterns"]),
         max_block_s=config["max_block_s"],
         on_store_failure=config["on_store_failure"],
         spool_dir=config["spool_dir"],
     )
+    return writer, store
+
+
+def main() -> int:
+    # Everything imported so far lives as long as the process: keep it out of the
+    # collector's way, and collect less often, since records in flight are many
+    # short-lived containers that are never part of a cycle.
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
     decoder = msgspec.msgpack.Decoder()
     stdin, stdout = sys.stdin.buffer, sys.stdout
+    writers: dict[int, tuple[Writer, _LazyStore]] = {}
     try:
         while True:
             head = _read_exactly(stdin, 4)
@@ -51,25 +100,76 @@ def main(argv: list[str]) -> int:
             payload = _read_exactly(stdin, int.from_bytes(head, "little"))
             if payload is None:
                 break
-            tickets: list[int] = []
-            for kind, item in decoder.decode(payload):
+            records = decoder.decode(payload)
+            sid = records[0]
+            opened = writers.get(sid)
+            writer = opened[0] if opened is not None else None
+            tickets: list[tuple[int, float]] = []
+            queries: list[tuple[str, Any]] = []
+            close = False
+            events: list[Any] = []
+            for i in range(1, len(records)):
+                kind, item = records[i]
+                if kind == "e":
+                    events.append(item)
+                    continue
+                if events and writer is not None:
+                    writer.events(events)
+                events = []
                 if kind == "m":
                     tickets.append(item)
+                elif kind == "q" or kind == "d":
+                    queries.append((kind, item))
+                elif kind == "o":
+                    opened = writers[sid] = _open(item)
+                    writer = opened[0]
+                elif writer is None:
+                    continue  # a store that was closed, or never opened
+                elif kind == "c":
+                    close = True
+                elif kind == "k":
+                    writer.configure(**item)
+                elif kind == "r":
+                    writer.redactor = _redactor(*item)
                 else:
                     _apply(writer, kind, item)
-            if tickets:
-                error = ""
+            if events and writer is not None:
+                writer.events(events)
+            if not (tickets or close or queries):
+                continue
+            error = ""
+            if writer is not None and (tickets or close):
                 try:
-                    writer.flush(timeout=writer.max_block_s)
+                    # Inside the agent's own bound, so that a fail-open flush is
+                    # answered (spooled) before the agent stops waiting.
+                    writer.flush(timeout=0.8 * max(t for _, t in tickets or [(0, 5.0)]))
                 except StoreError as exc:
                     error = " " + str(exc).replace("\n", " ")
-                stdout.write("".join(f"{t}{error}\n" for t in tickets))
-                stdout.flush()
+            if close and writer is not None and opened is not None:
+                del writers[sid]
+                try:
+                    writer.close()
+                except StoreError as exc:
+                    error = error or " " + str(exc).replace("\n", " ")
+                opened[1].close()
+            lines = [f"{t}{error}\n" for t, _ in tickets]
+            for kind, (ticket, arg) in queries:
+                if kind == "q":
+                    spooled = writer is not None and writer.spooled
+                    lines.append(f"{ticket}{' spooled' if spooled else ''}\n")
+                else:
+                    drained = writer is None or writer.drain(timeout=arg)
+                    lines.append(f"{ticket}{'' if drained else ' not drained'}\n")
+            stdout.write("".join(lines))
+            stdout.flush()
     finally:
-        writer.close()
-        store.close()
+        for writer, store in writers.values():
+            try:
+                writer.close()
+            finally:
+                store.close()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -47,8 +47,8 @@ class Settings:
             *cfg.get("env_vars", ()),
             *_split(os.environ.get("REPLAYABLE_CAPTURE_ENV", "")),
         )
-        #: ``thread`` (default) or ``process``: where recorded events are persisted.
-        self.writer: str = os.environ.get("REPLAYABLE_WRITER") or cfg.get("writer", "thread")
+        #: ``process`` (default) or ``thread``: where recorded events are persisted.
+        self.writer: str = os.environ.get("REPLAYABLE_WRITER") or cfg.get("writer", "process")
         #: Tool names replay treats as side-effecting even without ``side_effect=True``.
         self.side_effects: frozenset[str] = frozenset(
             (*cfg.get("side_effects", ()), *_split(os.environ.get("REPLAYABLE_SIDE_EFFECTS", "")))
@@ -69,8 +69,9 @@ def configure(
     """Add secret key names or value patterns to redact, or name environment variables
     whose values every run records (secret-looking ones are redacted), or name
     third-party tools replay must guard as side effects, or choose where
-    events are persisted (``writer="process"``: a writer process, so the
-    agent's process only encodes and forwards; stores opened afterwards).
+    events are persisted (``writer="process"``, the default: one writer process
+    shared by every store, so the agent's process only encodes and forwards;
+    ``writer="thread"``: a thread in this process; for stores opened afterwards).
 
     Redaction applies to everything recorded afterwards, and to the requests
     replay compares, so set it before recording.

@@ -9,15 +9,15 @@ again after a failure links the same way.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from hashlib import sha256
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import orjson
 
 from replayable.events.canonical import (
     Redactor,
     canonical,
-    chain_hash,
-    fingerprint,
     genesis_hash,
     run_seal,
 )
@@ -25,6 +25,9 @@ from replayable.events.model import SCHEMA_VERSION, Event, RunEnd, RunStart
 
 if TYPE_CHECKING:
     from replayable.store.base import EventStore
+
+_dumps = orjson.dumps
+_SORT = orjson.OPT_SORT_KEYS
 
 __all__ = ["Chain", "Linker", "PendingEvent"]
 
@@ -66,6 +69,7 @@ class Linker:
         self.redactor = redactor
         self.chains: dict[str, Chain] = {}
         self.starts: dict[str, RunStart] = {}
+        self._prefixes: dict[tuple[str, str], bytes] = {}
 
     def commit(self, chains: dict[str, Chain], ended: Iterable[str]) -> None:
         """Adopt the chain heads of a committed batch; forget runs that ended."""
@@ -102,40 +106,59 @@ class Linker:
             duration_ns,
             meta,
         ) = p
-        redact = self.redactor.redact_bytes
-        req = redact(req)
+        redactor = self.redactor
+        if resp is None:
+            if redactor.needs_redaction(req):
+                req = redactor.redact_bytes(req)
+            response = None
+        else:
+            # One scan over both (most hold no secret); a hit checks each on its own.
+            if redactor.needs_redaction(req + resp):
+                req = redactor.redact_bytes(req)
+                resp = redactor.redact_bytes(resp)
+            response = resp.decode()
         request = req.decode()
-        response = None if resp is None else redact(resp).decode()
-        error = None if err is None else redact(err).decode()
-        fp = fingerprint(kind, name, req)
+        error = None if err is None else redactor.redact_bytes(err).decode()
+        # The fingerprint is sha256(kind NUL name NUL request), as ``fingerprint`` computes.
+        prefix = self._prefixes.get((kind, name))
+        if prefix is None:
+            prefix = self._prefixes[(kind, name)] = f"{kind}\x00{name}\x00".encode()
+        fp = sha256(prefix + req).hexdigest()
         metadata = meta or {}
         encoding = "tagged" if tagged else "json"
-        chain = self.chain(run_id, chains)
+        chain = chains.get(run_id) or self.chain(run_id, chains)
         prev = chain.head
-        digest = chain_hash(
-            prev,
-            (
-                run_id,
-                seq,
-                chain.count,
-                kind,
-                name,
-                key,
-                parent,
-                call_site,
-                request,
-                fp,
-                response,
-                encoding,
-                error,
-                side_effect,
-                started_at,
-                duration_ns,
-                metadata,
-                SCHEMA_VERSION,
-            ),
-        )
-        event = Event(
+        index = chain.count
+        # As ``chain_hash`` computes it, inlined: this runs once per event.
+        digest = sha256(
+            prev.encode()
+            + _dumps(
+                (
+                    run_id,
+                    seq,
+                    index,
+                    kind,
+                    name,
+                    key,
+                    parent,
+                    call_site,
+                    request,
+                    fp,
+                    response,
+                    encoding,
+                    error,
+                    side_effect,
+                    started_at,
+                    duration_ns,
+                    metadata,
+                    SCHEMA_VERSION,
+                ),
+                option=_SORT,
+            )
+        ).hexdigest()
+        chain.count = index + 1
+        chain.head = digest
+        return Event(
             run_id=run_id,
             seq=seq,
             kind=kind,
@@ -152,13 +175,10 @@ class Linker:
             started_at=started_at,
             duration_ns=duration_ns,
             metadata=metadata,
-            chain_index=chain.count,
+            chain_index=index,
             prev_hash=prev,
             hash=digest,
         )
-        chain.count += 1
-        chain.head = digest
-        return event
 
     def start(self, start: RunStart) -> RunStart:
         redacted = self.redactor.redact_bytes(start.input.encode()).decode()

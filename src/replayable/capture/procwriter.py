@@ -1,32 +1,39 @@
-"""A writer in its own process: the agent's process only encodes and forwards.
+"""The writer process: the agent's process only encodes and forwards.
 
 With the in-process :class:`~replayable.capture.writer.Writer`, the writer
-thread's per-event work (redaction, hashing, building rows, the store's
-driver) shares the interpreter lock with the agent, so an agent that makes
-calls in a tight loop pays for it. :class:`ProcessWriter` keeps the same
-interface, but the hot path only encodes the hand-off with msgpack (C) and
-appends it to a list; a forwarding thread writes the encoded records to a
-pipe in batches, and a child process (``python -m replayable.capture._child``)
-runs an ordinary ``Writer`` against its own connection to the same store:
+thread's per-event work (redaction, fingerprints, hash chains, building rows,
+the store's driver) shares the interpreter lock with the agent, so an agent
+that makes calls in a tight loop pays for all of it. A :class:`ProcessWriter`
+has the same interface, but its hot path only encodes the hand-off with
+msgpack (C) and appends it to a list. One forwarding thread per process
+writes the encoded records to a pipe in frames, and one child process
+(``python -m replayable.capture._child``), shared by every store this process
+records to, runs an ordinary ``Writer`` per store against its own connection:
 redaction, chains, group commit, the outage spool, all of it.
 
-Durable records wait for the child's acknowledgement, which it sends once the
-batch holding them is committed (or spooled, fail-open). If the agent's
-process is killed, the child still commits what it had received. If the child
-dies, the writer falls back to an in-process ``Writer`` for what follows and
-fails the durable waiters it could not confirm.
+Durable records and flushes wait for the child's acknowledgement, which it
+sends once the batch holding them is committed (or spooled, fail-open). If
+the agent's process is killed, the child still commits what it had received.
+If the child dies, every store falls back to an in-process ``Writer`` for what
+follows and fails the waiters it could not confirm.
 
-Opt in with ``REPLAYABLE_WRITER=process`` or ``configure(writer="process")``;
-stores that live in memory always use the in-process writer.
+This is the default for stores that another process can open (SQLite files,
+PostgreSQL); ``REPLAYABLE_WRITER=thread`` or ``configure(writer="thread")``
+keeps the writer in-process. Stores that live in memory, and recordings that
+fail closed (``on_store_failure="raise"``, which the agent must see at once),
+always use the in-process writer.
 """
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import logging
 import os
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -46,53 +53,43 @@ __all__ = ["ProcessWriter"]
 log = logging.getLogger("replayable.writer")
 
 _ENCODER = msgspec.msgpack.Encoder()
+#: Records one store may have waiting for the forwarder before the hot path waits too.
+MAX_QUEUED = 65_536
+#: How often the forwarder sends what has accumulated (it is also woken by flushes).
+INTERVAL = 0.01
 
 
 class _Waiter:
-    __slots__ = ("done", "error")
+    """One request to the child; ``reply`` is its answer (for a flush, an error message)."""
+
+    __slots__ = ("done", "reply")
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.error: str | None = None
+        self.reply: str | None = None
+
+    def resolve(self, reply: str | None) -> None:
+        if not self.done.is_set():
+            self.reply = reply
+            self.done.set()
 
 
-class ProcessWriter:
-    """Forwards records to a writer process; same calls as ``Writer``."""
+class _Channel:
+    """This process's writer process, and the two threads that talk to it."""
 
-    def __init__(
-        self,
-        store: EventStore,
-        *,
-        redactor: Redactor,
-        max_block_s: float = 5.0,
-        on_store_failure: str = "spool",
-        spool_dir: str | os.PathLike[str] | None = None,
-        interval: float = 0.01,
-        durable_timeout: float = 30.0,
-    ) -> None:
-        self.store = store
-        self.interval = interval
-        self.durable_timeout = durable_timeout
-        self.max_block_s = max_block_s
-        self.last_error: BaseException | None = None
-        self._redactor = redactor
-        self._buf: list[bytes] = []
-        self._wake = threading.Event()
-        self._lock = threading.Lock()
-        self._tickets = 0
-        self._waiters: dict[int, _Waiter] = {}
-        self._closed = False
-        self._fallback: Writer | None = None
-        config = {
-            "url": store.url,
-            "redact_keys": sorted(redactor.keys),
-            "max_block_s": max_block_s,
-            "on_store_failure": on_store_failure,
-            "spool_dir": None if spool_dir is None else os.fspath(spool_dir),
-        }
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.writers: dict[int, ProcessWriter] = {}
+        self.waiters: dict[int, _Waiter] = {}
+        self._tickets = itertools.count(1)
+        self._sids = itertools.count(1)
+        self.wake = threading.Event()
+        self.dead: BaseException | None = None
+        self.closing = False
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "replayable.capture._child", msgspec.json.encode(config)],
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "replayable.capture._child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -104,77 +101,60 @@ class ProcessWriter:
         self._forwarder.start()
         self._acks.start()
 
-    # -- hot path -------------------------------------------------------------------
+    def add(self, writer: ProcessWriter) -> int:
+        with self.lock:
+            sid = next(self._sids)
+            self.writers[sid] = writer
+        return sid
 
-    def event(self, pending: PendingEvent, durable: bool = False) -> None:
-        """Hand off one event; with ``durable`` return once the child committed it."""
-        if durable:
-            self._send_and_wait("e", pending)
-            return
-        try:
-            self._buf.append(_ENCODER.encode(("e", pending)))
-        except TypeError:
-            self._buf.append(_ENCODER.encode(("e", _plain(pending))))
-
-    def start(self, start: RunStart, durable: bool = False) -> None:
-        self._put("s", start, durable)
-
-    def end(self, end: tuple[str, str, bytes | None, bytes | None, float], durable: bool) -> None:
-        self._put("x", end, durable)
-        self._wake.set()
-
-    def blob(self, digest: str, data: bytes) -> None:
-        self._put("b", (digest, data), False)
-
-    def _put(self, kind: str, item: Any, durable: bool) -> None:
-        if durable:
-            self._send_and_wait(kind, item)
-        else:
-            self._buf.append(_ENCODER.encode((kind, item)))
-
-    def _send_and_wait(self, kind: str, item: Any, timeout: float | None = None) -> None:
+    def ticket(self) -> tuple[int, _Waiter]:
         waiter = _Waiter()
-        with self._lock:
-            self._tickets += 1
-            ticket = self._tickets
-            self._waiters[ticket] = waiter
-        if kind != "m":
-            self._buf.append(_ENCODER.encode((kind, item if kind != "e" else _safe(item))))
-        self._buf.append(_ENCODER.encode(("m", ticket)))
-        self._wake.set()
-        bound = self.max_block_s if timeout is None else timeout
-        if not waiter.done.wait(bound):
-            raise StoreError(
-                f"the writer process for {self.store.url} did not confirm within {bound:g}s"
-            )
-        if waiter.error is not None:
-            raise StoreError(f"writing to {self.store.url} failed: {waiter.error}")
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Return once everything handed off so far is committed by the child."""
-        if self._closed:
-            return
-        self._send_and_wait("m", None, self.durable_timeout if timeout is None else timeout)
+        with self.lock:
+            ticket = next(self._tickets)
+            self.waiters[ticket] = waiter
+        return ticket, waiter
 
     # -- threads ----------------------------------------------------------------------
 
     def _forward(self) -> None:
-        pipe = self._proc.stdin
+        pipe = self.proc.stdin
         assert pipe is not None
         while True:
-            self._wake.wait(self.interval)
-            self._wake.clear()
-            buf, self._buf = self._buf, []
-            if buf:
-                # A msgpack array is its header followed by its items, already encoded.
-                payload = b"\xdd" + len(buf).to_bytes(4, "big") + b"".join(buf)
+            self.wake.wait(INTERVAL)
+            self.wake.clear()
+            frames: list[bytes] = []
+            finished: list[int] = []
+            for sid, writer in list(self.writers.items()):
+                buf = writer._buf
+                n = len(buf)
+                if n:
+                    # Slice, then delete: hot paths append concurrently, and both
+                    # operations are atomic, so no record can fall between them.
+                    records = buf[:n]
+                    del buf[:n]
+                    # A msgpack array is its header followed by its items, already
+                    # encoded: the store's number, then its records.
+                    payload = (
+                        b"\xdd"
+                        + (n + 1).to_bytes(4, "big")
+                        + _ENCODER.encode(sid)
+                        + b"".join(records)
+                    )
+                    frames.append(len(payload).to_bytes(4, "little") + payload)
+                if writer._closing and not buf:
+                    finished.append(sid)
+            if frames:
                 try:
-                    pipe.write(len(payload).to_bytes(4, "little") + payload)
+                    pipe.write(b"".join(frames))
                     pipe.flush()
                 except (OSError, ValueError) as exc:
-                    self._child_died(exc, buf)
+                    self._died(exc)
                     return
-            if self._closed and not self._buf:
+            if finished:
+                with self.lock:
+                    for sid in finished:
+                        self.writers.pop(sid, None)
+            if self.closing and not any(w._buf for w in self.writers.values()):
                 try:
                     pipe.close()
                 except OSError:
@@ -182,38 +162,193 @@ class ProcessWriter:
                 return
 
     def _read_acks(self) -> None:
-        out = self._proc.stdout
+        out = self.proc.stdout
         assert out is not None
         for line in out:
-            ticket_text, _, error = line.decode().rstrip("\n").partition(" ")
-            with self._lock:
-                waiter = self._waiters.pop(int(ticket_text), None)
+            ticket_text, _, reply = line.decode().rstrip("\n").partition(" ")
+            with self.lock:
+                waiter = self.waiters.pop(int(ticket_text), None)
             if waiter is not None:
-                waiter.error = error or None
-                waiter.done.set()
-        if not self._closed:
-            self._child_died(EOFError("the writer process ended"), [])
+                waiter.resolve(reply or None)
+        if not self.closing:
+            self._died(EOFError("the writer process ended"))
 
-    def _child_died(self, exc: BaseException, unsent: list[bytes]) -> None:
+    def _died(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.dead is not None:
+                return
+            self.dead = exc
+            waiters, self.waiters = self.waiters, {}
+            writers = list(self.writers.values())
+            self.writers = {}
+        log.warning("replayable: the writer process ended (%s); writing in-process", exc)
+        for waiter in waiters.values():
+            waiter.resolve(f"the writer process ended before confirming: {exc}")
+        for writer in writers:
+            writer._fall_back(exc)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Send what is left, let the child commit it and exit."""
+        self.closing = True
+        self.wake.set()
+        self._forwarder.join(timeout=timeout)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._acks.join(timeout=timeout)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+_channel: _Channel | None = None
+_channel_lock = threading.Lock()
+
+
+def _current_channel() -> _Channel:
+    global _channel
+    with _channel_lock:
+        if _channel is None or _channel.dead is not None or _channel.pid != os.getpid():
+            _channel = _Channel()
+        return _channel
+
+
+@atexit.register
+def _shutdown_channel() -> None:
+    # Registered before the writers' own exit hook, so it runs after their final flush.
+    channel = _channel
+    if channel is not None and channel.pid == os.getpid() and channel.dead is None:
+        channel.shutdown()
+
+
+def _forget_channel() -> None:
+    global _channel
+    _channel = None  # a forked child starts its own writer process when it needs one
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_channel)
+
+
+class ProcessWriter:
+    """One store's records, forwarded to the writer process; same calls as ``Writer``."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        redactor: Redactor,
+        max_block_s: float = 5.0,
+        on_store_failure: str = "spool",
+        spool_dir: str | os.PathLike[str] | None = None,
+        durable_timeout: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.durable_timeout = durable_timeout
+        self.max_block_s = max_block_s
+        self.on_store_failure = on_store_failure
+        self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
+        self.last_error: BaseException | None = None
+        self._redactor = redactor
+        self._buf: list[bytes] = []
+        self._closing = False
+        self._closed = False
+        self._fallback: Writer | None = None
+        config = {
+            "url": store.url,
+            "redact_keys": sorted(redactor.keys),
+            "redact_patterns": list(redactor.patterns),
+            "max_block_s": max_block_s,
+            "on_store_failure": on_store_failure,
+            "spool_dir": self.spool_dir,
+        }
+        self._buf.append(_ENCODER.encode(("o", config)))
+        self._channel = _current_channel()
+        self._sid = self._channel.add(self)
+        self._channel.wake.set()
+
+    # -- hot path -------------------------------------------------------------------
+
+    def event(self, pending: PendingEvent, durable: bool = False) -> None:
+        """Hand off one event; with ``durable`` return once the child committed it."""
+        if durable:
+            self._send_and_wait(_encode("e", pending))
+            return
+        try:
+            data = _ENCODER.encode(("e", pending))
+        except TypeError:
+            data = _ENCODER.encode(("e", _plain(pending)))
+        buf = self._buf
+        buf.append(data)
+        if len(buf) >= MAX_QUEUED:
+            self._backpressure()
+
+    def start(self, start: RunStart, durable: bool = False) -> None:
+        self._put(_ENCODER.encode(("s", start)), durable)
+
+    def end(self, end: tuple[str, str, bytes | None, bytes | None, float], durable: bool) -> None:
+        self._put(_ENCODER.encode(("x", end)), durable)
+        self._channel.wake.set()
+
+    def blob(self, digest: str, data: bytes) -> None:
+        self._put(_ENCODER.encode(("b", (digest, data))), False)
+
+    def _put(self, data: bytes, durable: bool) -> None:
+        if durable:
+            self._send_and_wait(data)
+        else:
+            self._buf.append(data)
+
+    def _send_and_wait(self, data: bytes | None, timeout: float | None = None) -> None:
+        ticket, waiter = self._channel.ticket()
+        if data is not None:
+            self._buf.append(data)
+        bound = self.max_block_s if timeout is None else timeout
+        self._buf.append(_ENCODER.encode(("m", [ticket, bound])))
+        self._channel.wake.set()
+        if not waiter.done.wait(bound):
+            raise StoreError(
+                f"the writer process for {self.store.url} did not confirm within {bound:g}s"
+            )
+        if waiter.reply is not None:
+            raise StoreError(f"writing to {self.store.url} failed: {waiter.reply}")
+
+    def _backpressure(self) -> None:
+        """The child is behind by ``MAX_QUEUED`` records: wait until it catches up."""
+        channel = self._channel
+        while len(self._buf) >= MAX_QUEUED // 2 and channel.dead is None:
+            channel.wake.set()
+            time.sleep(0.001)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Return once everything handed off so far is committed by the child."""
+        if self._closed:
+            return
+        self._send_and_wait(None, self.durable_timeout if timeout is None else timeout)
+
+    # -- the writer process ended -------------------------------------------------------
+
+    def _fall_back(self, exc: BaseException) -> None:
+        """Write what was not sent, and everything after it, in this process."""
         from replayable.capture.writer import Writer
 
         self.last_error = exc
-        log.warning(
-            "replayable: the writer process for %s ended (%s); writing in-process",
-            self.store.url,
-            exc,
+        fallback = Writer(
+            self.store,
+            redactor=self._redactor,
+            max_block_s=self.max_block_s,
+            on_store_failure="spool" if self.on_store_failure == "spool" else "raise",
+            spool_dir=self.spool_dir,
         )
-        with self._lock:
-            waiters, self._waiters = self._waiters, {}
-        for waiter in waiters.values():
-            waiter.error = f"the writer process ended before confirming: {exc}"
-            waiter.done.set()
-        fallback = Writer(self.store, redactor=self._redactor, max_block_s=self.max_block_s)
         decoder = msgspec.msgpack.Decoder()
-        for data in [*unsent, *self._buf]:
+        buf = self._buf
+        n = len(buf)
+        records = buf[:n]
+        del buf[:n]
+        for data in records:
             kind, item = decoder.decode(data)
             _apply(fallback, kind, item)
-        self._buf = []
         self._fallback = fallback
         # Later hand-offs go straight to the in-process writer.
         self.__dict__.update(
@@ -223,6 +358,11 @@ class ProcessWriter:
             blob=fallback.blob,
             flush=fallback.flush,
         )
+        # A record appended between the copy above and the switch.
+        for data in buf[:]:
+            kind, item = decoder.decode(data)
+            _apply(fallback, kind, item)
+        buf.clear()
 
     # -- the rest of the Writer interface ----------------------------------------------
 
@@ -232,47 +372,94 @@ class ProcessWriter:
 
     @redactor.setter
     def redactor(self, redactor: Redactor) -> None:
-        self._redactor = redactor  # the child keeps the settings it started with
+        self._redactor = redactor
+        if self._fallback is not None:
+            self._fallback.redactor = redactor
+        else:
+            self._buf.append(
+                _ENCODER.encode(("r", [sorted(redactor.keys), list(redactor.patterns)]))
+            )
 
-    def configure(self, **options: Any) -> None:
-        """Outage settings are fixed when the writer process starts."""
+    def configure(
+        self,
+        *,
+        max_block_s: float | None = None,
+        on_store_failure: str | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Change the outage settings; the child's writer takes them in order."""
+        if self._fallback is not None:
+            self._fallback.configure(
+                max_block_s=max_block_s,
+                on_store_failure=on_store_failure,  # type: ignore[arg-type]
+                spool_dir=spool_dir,
+            )
+            return
+        options: dict[str, Any] = {}
+        if max_block_s is not None:
+            self.max_block_s = options["max_block_s"] = float(max_block_s)
+        if spool_dir is not None:
+            self.spool_dir = options["spool_dir"] = os.fspath(spool_dir)
+        if options:
+            self._buf.append(_ENCODER.encode(("k", options)))
+
+    @property
+    def stall_s(self) -> float:
+        """How long the child's writer waits for one store call before it spools."""
+        return max(0.05, 0.4 * self.max_block_s)
+
+    def _ask(self, kind: str, item: Any, timeout: float) -> str | None:
+        ticket, waiter = self._channel.ticket()
+        self._buf.append(_ENCODER.encode((kind, [ticket, item])))
+        self._channel.wake.set()
+        if not waiter.done.wait(timeout):
+            raise StoreError(
+                f"the writer process for {self.store.url} did not answer within {timeout:g}s"
+            )
+        return waiter.reply
 
     @property
     def spooled(self) -> bool:
-        return False
+        """Whether records wait in the child's spool for the store to come back."""
+        if self._fallback is not None:
+            return self._fallback.spooled
+        if self._closed:
+            return False
+        return self._ask("q", None, self.durable_timeout) == "spooled"
 
     def drain(self, timeout: float = 30.0) -> bool:
-        self.flush(timeout)
-        return True
+        """Wait until the child's spool is in the store; ``False`` if not by ``timeout``."""
+        if self._fallback is not None:
+            return self._fallback.drain(timeout)
+        if self._closed:
+            return True
+        return self._ask("d", timeout, timeout + self.durable_timeout) is None
 
     def close(self) -> None:
-        """Flush, then let the child finish and exit."""
+        """Flush, then let the child close its writer and its connection to the store."""
         if self._closed:
             return
         try:
-            self.flush()
+            if self._fallback is None:
+                self._send_and_wait(_ENCODER.encode(("c", None)), self.durable_timeout)
         finally:
             self._closed = True
-            self._wake.set()
-            self._forwarder.join(timeout=self.durable_timeout)
-            try:
-                self._proc.wait(timeout=self.durable_timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._acks.join(timeout=self.durable_timeout)
-            if self._proc.stdout is not None:
-                self._proc.stdout.close()
+            self._closing = True
+            self._channel.wake.set()
             if self._fallback is not None:
                 self._fallback.close()
+            from replayable.capture.writer import _writers, _writers_lock
+
+            with _writers_lock:
+                if _writers.get(self.store) is self:
+                    del _writers[self.store]
 
 
-def _safe(pending: Any) -> Any:
+def _encode(kind: str, pending: Any) -> bytes:
     try:
-        _ENCODER.encode(pending)
+        return _ENCODER.encode((kind, pending))
     except TypeError:
-        return _plain(pending)
-    return pending
+        return _ENCODER.encode((kind, _plain(pending)))
 
 
 def _plain(pending: PendingEvent) -> tuple[Any, ...]:
@@ -292,7 +479,7 @@ def _apply(writer: Writer, kind: str, item: Any) -> None:
     from replayable.events.model import RunStart
 
     if kind == "e":
-        writer.event(tuple(item))
+        writer.event(item)
     elif kind == "s":
         writer.start(msgspec.convert(item, RunStart))
     elif kind == "x":

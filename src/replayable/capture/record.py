@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RecordRun", "RecordingCall"]
 
+_clock = time.perf_counter_ns
+
 
 class RecordingCall(OpenCall):
     __slots__ = (
@@ -139,7 +141,10 @@ class RecordRun(RunContext):
     ) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
-        req = self._request(request, name, seq)
+        try:
+            req = encode_request(request)
+        except UnencodableError as exc:
+            raise serialization_error(f"the request of {name!r}", exc, seq, name) from None
         return self.live_call(
             st, seq, key, req, kind, name, fn, args, kwargs, side_effect, meta, site
         )
@@ -160,23 +165,47 @@ class RecordRun(RunContext):
         site: str | None,
     ) -> Any:
         """Run the real call for step ``seq`` and record it."""
-        call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
+        started = time.time()
+        t0 = _clock()
         # Calls made inside a boundary belong to it: replay serves the boundary
         # without running it, so nested boundaries must not be recorded.
         token = _STATE.set(None)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
+            call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
+            call.started, call.t0 = started, t0
             call.fail(exc)
             raise
         finally:
             _STATE.reset(token)
-        if meta is not None and meta.get("awaitable") is None and inspect.isawaitable(result):
-            # A plain function that handed back an awaitable (SDK wrappers do):
-            # the call ends when the caller awaits it.
-            call.metadata["awaitable"] = True
-            return self._finish_awaitable(result, call)
-        call.finish(result)
+        if meta is not None:
+            call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
+            call.started, call.t0 = started, t0
+            if meta.get("awaitable") is None and inspect.isawaitable(result):
+                # A plain function that handed back an awaitable (SDK wrappers do):
+                # the call ends when the caller awaits it.
+                call.metadata["awaitable"] = True
+                return self._finish_awaitable(result, call)
+            call.finish(result)
+            return result
+        # The common case, inlined: no metadata, a value the codec can write.
+        try:
+            resp, tagged = encode_value(result)
+        except UnencodableError as exc:
+            err = serialization_error(f"the value returned by {kind} {name!r}", exc, seq, name)
+            self.emit(
+                seq, kind, name, key, st.parent, site, req, None, False, encode_error(err),
+                side_effect, started, _clock() - t0, None,
+            )  # fmt: skip
+            raise err from None
+        self.writer.event(
+            (
+                self.run_id, seq, kind, name, key, st.parent, site, req, resp, tagged, None,
+                side_effect, started, _clock() - t0, None,
+            ),
+            self.durable,
+        )  # fmt: skip
         return result
 
     async def _finish_awaitable(self, awaitable: Awaitable[Any], call: RecordingCall) -> Any:

@@ -344,11 +344,18 @@ class Writer:
     def event(self, pending: PendingEvent, durable: bool = False) -> None:
         """Hand off one event; with ``durable`` return only once it is committed."""
         if not durable:
-            self._queue.append((_EVENT, pending, None))
-            if len(self._queue) >= self.batch_size:
+            queue = self._queue
+            queue.append((_EVENT, pending, None))
+            if len(queue) >= self.batch_size and not self._wake.is_set():
                 self._wake.set()
             return
         self._submit_and_wait(_EVENT, pending)
+
+    def events(self, pending: list[PendingEvent]) -> None:
+        """Hand off many buffered events at once (the writer process does)."""
+        self._queue.extend([(_EVENT, p, None) for p in pending])
+        if len(self._queue) >= self.batch_size:
+            self._wake.set()
 
     def _refusing_event(self, pending: PendingEvent, durable: bool = False) -> None:
         # Installed as ``self.event`` while a fail-closed writer is in an outage,
@@ -487,6 +494,10 @@ class Writer:
 
     def _due(self) -> bool:
         if not (self._leftovers or self._backlogged()):
+            if self._down is not None and not self._committer.busy:
+                # A drain round that ran out of time right after the last spooled
+                # batch went in: nothing is left, so the store is back.
+                self._recovered()
             return False
         if self._committer.busy:
             self._unstick()
@@ -796,19 +807,30 @@ def writer_for(
 ) -> Writer | ProcessWriter:
     """The store's writer, started on first use; given options reconfigure it.
 
-    With ``configure(writer="process")`` (or ``$REPLAYABLE_WRITER=process``) a store
-    that a second process can open gets a :class:`ProcessWriter`.
+    A store that a second process can open gets a :class:`ProcessWriter` unless
+    ``configure(writer="thread")`` (or ``$REPLAYABLE_WRITER=thread``) says otherwise;
+    a fail-closed recording (``on_store_failure="raise"``) always gets the
+    in-process writer, which sees an outage the moment it starts.
     """
+    if on_store_failure == "raise":
+        with _writers_lock:
+            running = _writers.get(store)
+        if isinstance(running, ProcessWriter) and not running._closed:
+            running.close()  # what it holds is committed (or spooled) before the switch
     with _writers_lock:
         writer = _writers.get(store)
         if writer is None or writer._closed:
             block = 5.0 if max_block_s is None else max_block_s
-            if settings.writer == "process" and not store.url.startswith("memory:"):
+            if (
+                settings.writer == "process"
+                and on_store_failure != "raise"
+                and not store.url.startswith("memory:")
+            ):
                 writer = ProcessWriter(
                     store,
                     redactor=settings.redactor,
                     max_block_s=block,
-                    on_store_failure=on_store_failure or "spool",
+                    on_store_failure="spool",
                     spool_dir=spool_dir if spool_dir is not None else default_spool_dir(),
                 )
             else:

@@ -105,6 +105,7 @@ class Redactor:
     ) -> None:
         self.keys = frozenset(k.lower() for k in (*keys, *extra_keys))
         patterns = [*value_patterns, *extra_patterns]
+        self.patterns = tuple(patterns)
         self._value_re = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
         key_alt = "|".join(re.escape(k) for k in sorted(self.keys, key=len, reverse=True))
         # A secret name followed by ':' (a dict key) or ',' (the name of a pair), matched

@@ -46,7 +46,7 @@ BOUNDARY_KINDS: Final = (
 RunStatus = Literal["completed", "failed", "incomplete"]
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True):
+class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One boundary crossing: what went in and what came back.
 
     ``request``, ``response`` and ``error`` are canonical JSON text;
@@ -90,7 +90,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
         return None if self.error is None else orjson.loads(self.error)
 
 
-class RunStart(msgspec.Struct, frozen=True, kw_only=True):
+class RunStart(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Written when a run begins. ``input`` is tagged JSON of ``{"args", "kwargs"}``."""
 
     run_id: str
@@ -109,7 +109,7 @@ class RunStart(msgspec.Struct, frozen=True, kw_only=True):
     schema_version: int = SCHEMA_VERSION
 
 
-class RunEnd(msgspec.Struct, frozen=True, kw_only=True):
+class RunEnd(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Written when a run finishes: its outcome and its seal.
 
     ``last_hash`` seals the run: the head of its event chain hashed together

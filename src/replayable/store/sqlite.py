@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ def _insert(c: sqlite3.Connection, head: str, width: int, rows: Sequence[tuple[A
             if len(chunk) == _ROWS_PER_STATEMENT
             else f"{head} VALUES " + ",".join([one] * len(chunk))
         )
-        c.execute(sql, [v for row in chunk for v in row])
+        c.execute(sql, list(chain.from_iterable(chunk)))
 
 
 def _dumps(value: Any) -> str:
@@ -127,9 +128,11 @@ class SQLiteStore(EventStore):
     """Runs in one SQLite file. Writes go through one connection; reads use one per thread."""
 
     def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self.url = f"sqlite:///{self.path}"
         self._memory = str(path) == ":memory:"
+        # Absolute from the start: connections opened later (per reading thread, or by
+        # the writer process) must find this file whatever the directory is by then.
+        self.path = Path(path) if self._memory else Path(path).absolute()
+        self.url = f"sqlite:///{self.path}"
         if not self._memory:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
