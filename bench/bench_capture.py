@@ -33,6 +33,7 @@ from harness import (
     stats,
     temp_dir,
     us,
+    warm_writer,
 )
 from replayable.capture.config import settings
 from replayable.store.sqlite import SQLiteStore
@@ -192,6 +193,7 @@ def run(cfg: Config) -> Section:
     outside = stats(_direct(lookup, PAYLOAD, dbatch, dsamples))
 
     with temp_dir("capture") as tmp:
+        warm_writer(tmp)
         store = SQLiteStore(tmp / "capture.db")
         try:
             arg = _record(store, "arg_1kb", Plan(lookup, PAYLOAD, batch, samples))

@@ -1,7 +1,8 @@
 """Sustained ingest into SQLite from one process.
 
 (a) end-to-end: a workflow making N tool calls inside a recording, timed from
-entering the ``with`` block to leaving it (leaving waits for the final flush).
+entering the ``with`` block to leaving it (leaving waits for the final flush),
+with the default writer process and, for reference, the in-process writer.
 (b) store-level: ``SQLiteStore.append`` of prebuilt events (built by the real
 writer: redacted, fingerprinted, hash-chained) in batches of the writer's size.
 Baseline: raw ``sqlite3`` ``executemany`` of the same rows, one transaction
@@ -23,7 +24,8 @@ import msgspec
 import orjson
 
 import replayable
-from harness import Config, Section, Target, payload_1kb, rate, temp_dir
+from harness import Config, Section, Target, payload_1kb, rate, temp_dir, warm_writer
+from replayable.capture.config import settings
 from replayable.capture.writer import Writer
 from replayable.events.canonical import event_hash, fingerprint
 from replayable.events.model import Event, RunStart
@@ -172,14 +174,16 @@ def raw_rate(path: Path, chunks: list[list[tuple[Any, ...]]], table: str | None)
 
 
 def run(cfg: Config) -> Section:
-    sec = Section("ingest", "ingest: sustained events/s into SQLite, one process")
+    sec = Section("ingest", "ingest: sustained events/s into SQLite from one agent process")
     n_e2e = cfg.pick(200_000, 20_000)
     n_store = cfg.pick(100_000, 20_000)
     repeats = cfg.pick(3, 2)
     size = writer_batch_size()
 
     with temp_dir("ingest") as tmp:
-        # (a) end-to-end through a recording.
+        # (a) end-to-end through a recording. Sustained: the writer process (started
+        # once per agent process) is warmed up by a short recording first.
+        warm_writer(tmp)
         e2e: list[tuple[float, float]] = []
         for r in range(cfg.pick(2, 1)):
             store = SQLiteStore(tmp / f"e2e-{r}.db")
@@ -191,6 +195,19 @@ def run(cfg: Config) -> Section:
         e2e_rates = [n_e2e / (c + f) for c, f in e2e]
         e2e_rate = statistics.median(e2e_rates)
         calls_s, flush_s = min(e2e, key=lambda cf: abs(n_e2e / sum(cf) - e2e_rate))
+
+        # The same with the writer as a thread of the agent's process, for reference.
+        before = settings.writer
+        replayable.configure(writer="thread")
+        try:
+            store = SQLiteStore(tmp / "e2e-thread.db")
+            try:
+                _, tcalls_s, tflush_s = record(store, n_e2e)
+            finally:
+                store.close()
+        finally:
+            settings.writer = before
+        thread_rate = n_e2e / (tcalls_s + tflush_s)
 
         # The same through the writer into memory: what the writer costs without SQLite.
         mem = MemoryStore()
@@ -231,6 +248,12 @@ def run(cfg: Config) -> Section:
         f"({calls_s / n_e2e * 1e6:.1f} µs per call in the agent)",
     )
     sec.row(
+        f"  with the writer as a thread, {n_e2e:,} calls",
+        rate(thread_rate),
+        f"{tcalls_s:.2f} s calling + {tflush_s:.2f} s final flush "
+        f"({tcalls_s / n_e2e * 1e6:.1f} µs per call in the agent)",
+    )
+    sec.row(
         f"end-to-end into memory://, {n_store:,} calls",
         rate(mem_rate),
         "same path without SQLite (writer CPU bound)",
@@ -262,6 +285,8 @@ def run(cfg: Config) -> Section:
         "e2e_events_per_s": e2e_rates,
         "e2e_calls_s": [c for c, _ in e2e],
         "e2e_flush_s": [f for _, f in e2e],
+        "writer": settings.writer,
+        "e2e_thread_writer_events_per_s": thread_rate,
         "memory_events_per_s": mem_rate,
         "store_events": n_store,
         "batch_size": size,

@@ -107,6 +107,19 @@ def temp_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def warm_writer(directory: Path) -> None:
+    """Start this process's writer process (once per agent process) before anything is
+    timed, so that steady-state figures do not include its start-up."""
+    from replayable.capture.writer import writer_for
+    from replayable.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(directory / "warm-up.db")
+    try:
+        writer_for(store).flush()
+    finally:
+        store.close()
+
+
 def payload_1kb() -> dict[str, Any]:
     """A JSON-like tool argument of about 1 KB: a query and ten small records."""
     return {

@@ -252,3 +252,20 @@ def test_fail_closed_recordings_use_the_in_process_writer(
             assert replayable.verify_run(store, run_id).ok
     finally:
         store.close()
+
+
+def test_an_interpreter_that_cannot_start_python_keeps_the_writer_in_process(
+    process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Embedded (uWSGI) or frozen interpreters cannot run ``-m``: the writer stays a thread."""
+    from replayable.capture.writer import Writer
+
+    monkeypatch.setattr(sys, "executable", "/usr/bin/uwsgi")
+    store = replayable.open_store(f"sqlite:///{tmp_path}/u.db")
+    try:
+        assert isinstance(writer_for(store), Writer)
+        with replayable.recording(store) as rec:
+            agents.research("llamas")
+        assert store.get_run(rec.run_ids[0]).status == "completed"
+    finally:
+        store.close()

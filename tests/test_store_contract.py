@@ -268,6 +268,17 @@ class StoreContract:
         assert len(store.events(b)) == 3
         assert store.events(new_id(9)) == []
 
+    def test_event_at_looks_up_one_event(self, store: EventStore) -> None:
+        """``event_at`` finds one event by run and seq; a missing one is ``None``."""
+        a, b = new_id(1), new_id(2)
+        events = make_events(a, 4)
+        store.append([make_start(a), make_start(b)], [*events, *make_events(b, 2)])
+        assert store.event_at(a, 3) == events[2]
+        assert store.event_at(a, 5) is None
+        assert store.event_at(b, 2) is not None
+        assert store.event_at(b, 2) != events[1]
+        assert store.event_at(new_id(9), 1) is None
+
     def test_batches_may_span_transactions(self, store: EventStore) -> None:
         """A run's start, events and end may arrive in separate batches, durable or not."""
         rid = new_id(1)

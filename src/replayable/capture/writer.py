@@ -52,6 +52,7 @@ import atexit
 import collections
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -89,7 +90,6 @@ OnStoreFailure = Literal["spool", "raise"]
 
 _EVENT, _START, _END, _BLOB, _MARK = range(5)
 _LETTER = {_EVENT: "e", _START: "s", _END: "x", _BLOB: "b"}
-_ORDER = {"b": 0, "s": 1, "e": 2, "x": 3}
 _MIN_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
 _PERMANENT = (
     AppendOnlyError,
@@ -150,42 +150,46 @@ class _Waiter:
 class _Batch:
     """Built records in write order, with the waiters to settle once they are written."""
 
-    __slots__ = ("_data", "durable", "marks", "units")
+    __slots__ = ("data", "durable", "marks", "owned")
 
     def __init__(
         self,
-        units: list[tuple[str, Any, _Waiter | None]],
+        data: SpoolBatch,
+        owned: dict[int, _Waiter] | None = None,
         marks: list[_Waiter] | None = None,
         durable: bool = False,
     ) -> None:
-        self.units = units
+        self.data = data
+        #: The waiter of each record a durable caller waits on, by the record's id.
+        self.owned = owned or {}
         self.marks = marks or []
         self.durable = durable
-        self._data: SpoolBatch | None = None
 
     @classmethod
     def from_spool(cls, data: SpoolBatch) -> _Batch:
-        units: list[tuple[str, Any, _Waiter | None]] = [("b", b, None) for b in data.blobs]
-        units += [("s", s, None) for s in data.starts]
-        units += [("e", e, None) for e in data.events]
-        units += [("x", x, None) for x in data.ends]
-        batch = cls(units, durable=True)
-        batch._data = data
-        return batch
+        return cls(data, durable=True)
 
-    @property
-    def data(self) -> SpoolBatch:
-        if self._data is None:
-            data = SpoolBatch()
-            for kind, record, _ in sorted(self.units, key=lambda u: _ORDER[u[0]]):
-                data.add(kind, record)
-            self._data = data
-        return self._data
+    @classmethod
+    def single(cls, kind: str, record: Any, durable: bool) -> _Batch:
+        data = SpoolBatch()
+        data.add(kind, record)
+        return cls(data, durable=durable)
+
+    def units(self) -> Iterator[tuple[str, Any, _Waiter | None]]:
+        """(kind, record, waiter) in write order."""
+        owned = self.owned
+        data = self.data
+        for kind, records in (
+            ("b", data.blobs),
+            ("s", data.starts),
+            ("e", data.events),
+            ("x", data.ends),
+        ):
+            for record in records:
+                yield kind, record, owned.get(id(record))
 
     def waiters(self) -> Iterator[_Waiter]:
-        for _, _, waiter in self.units:
-            if waiter is not None:
-                yield waiter
+        yield from self.owned.values()
         yield from self.marks
 
     def resolve(self, error: BaseException | None) -> None:
@@ -589,9 +593,10 @@ class Writer:
         """
         refused: list[tuple[str, Any, Exception]] = []
         outcomes: list[tuple[_Waiter | None, Exception | None]] = []
-        for kind, record, waiter in batch.units:
-            single = _Batch([(kind, record, None)], durable=batch.durable)
-            err = error if len(batch.units) == 1 else self._commit(single)
+        only = len(batch.data) == 1
+        for kind, record, waiter in batch.units():
+            single = _Batch.single(kind, record, batch.durable)
+            err = error if only else self._commit(single)
             if err is not None and not is_permanent(err):
                 return err
             if err is not None and self._already_stored(kind, record):
@@ -614,10 +619,8 @@ class Writer:
 
         def look() -> bool:
             if kind == "e":
-                return any(
-                    e.seq == record.seq and e.hash == record.hash
-                    for e in self.store.events_until(record.run_id, record.seq)
-                )
+                stored = self.store.event_at(record.run_id, record.seq)
+                return stored is not None and stored.hash == record.hash
             run = self.store.get_run(record.run_id)
             if kind == "s":
                 s = run.start
@@ -721,7 +724,8 @@ class Writer:
     # -- building -----------------------------------------------------------
 
     def _build(self, raw: list[tuple[int, Any, _Waiter | None]]) -> _Batch:
-        units: list[tuple[str, Any, _Waiter | None]] = []
+        data = SpoolBatch()
+        owned: dict[int, _Waiter] = {}
         marks: list[_Waiter] = []
         refused: list[tuple[str, Any, Exception]] = []
         durable = False
@@ -729,7 +733,17 @@ class Writer:
         # after a failed lookup is rebuilt identically.
         chains: dict[str, Chain] = {}
         ended: list[str] = []
+        linker = self._linker
+        link = linker.event
+        events = data.events
         for kind, item, waiter in raw:
+            if kind == _EVENT and waiter is None:
+                # The common case first: a buffered event.
+                try:
+                    events.append(link(item, chains))
+                except Exception as exc:  # a record that cannot be built never will be
+                    refused.append(("e", item, exc))
+                continue
             durable = durable or waiter is not None
             if kind == _MARK:
                 if waiter is not None:
@@ -737,11 +751,11 @@ class Writer:
                 continue
             try:
                 if kind == _EVENT:
-                    record: Any = self._linker.event(item, chains)
+                    record: Any = link(item, chains)
                 elif kind == _START:
-                    record = self._linker.start(item)
+                    record = linker.start(item)
                 elif kind == _END:
-                    record = self._linker.end(item, chains)
+                    record = linker.end(item, chains)
                     ended.append(record.run_id)
                 else:
                     record = item
@@ -758,12 +772,14 @@ class Writer:
                     waiter.resolve(exc)
                 continue
             if kind == _START:
-                self._linker.starts[record.run_id] = record
-            units.append((_LETTER[kind], record, waiter))
-        self._linker.commit(chains, ended)
+                linker.starts[record.run_id] = record
+            data.add(_LETTER[kind], record)
+            if waiter is not None:
+                owned[id(record)] = waiter
+        linker.commit(chains, ended)
         if refused:
             self._report(refused)
-        return _Batch(units, marks, durable)
+        return _Batch(data, owned, marks, durable)
 
     def close(self) -> None:
         """Flush, give a pending spool a short chance to drain, and stop the thread.
@@ -798,6 +814,15 @@ _writers: weakref.WeakKeyDictionary[EventStore, Writer | ProcessWriter] = (
 _writers_lock = threading.Lock()
 
 
+def can_spawn_writer() -> bool:
+    """Whether this interpreter can start the writer process: a plain Python, not a
+    frozen application or a server that embeds one (their executable is not Python)."""
+    exe = sys.executable
+    if not exe or getattr(sys, "frozen", False):
+        return False
+    return os.path.basename(exe).lower().startswith(("python", "pypy"))
+
+
 def writer_for(
     store: EventStore,
     *,
@@ -825,6 +850,7 @@ def writer_for(
                 settings.writer == "process"
                 and on_store_failure != "raise"
                 and not store.url.startswith("memory:")
+                and can_spawn_writer()
             ):
                 writer = ProcessWriter(
                     store,

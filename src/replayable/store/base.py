@@ -165,6 +165,11 @@ class EventStore(ABC):
         """The run's events up to and including ``seq`` (what a partial replay loads)."""
         return [e for e in self.events(run_id) if e.seq <= seq]
 
+    def event_at(self, run_id: str, seq: int) -> Event | None:
+        """The run's event ``seq``, or ``None`` (backends look it up by key)."""
+        found = [e for e in self.events_until(run_id, seq) if e.seq == seq]
+        return found[0] if found else None
+
     @abstractmethod
     def iter_run_ids(self) -> Iterator[str]:
         """Every run id, oldest first."""

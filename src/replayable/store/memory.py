@@ -100,6 +100,10 @@ class MemoryStore(EventStore):
             by_seq = dict(self._events.get(run_id, {}))
         return [by_seq[s] for s in sorted(by_seq)]
 
+    def event_at(self, run_id: str, seq: int) -> Event | None:
+        with self._lock:
+            return self._events.get(run_id, {}).get(seq)
+
     def iter_run_ids(self) -> Iterator[str]:
         with self._lock:
             ids = sorted(self._starts, key=lambda r: (self._starts[r].started_at, r))

@@ -358,6 +358,10 @@ class SQLiteStore(EventStore):
     def events_until(self, run_id: str, seq: int) -> list[Event]:
         return self._events("WHERE run_id = ? AND seq <= ? ORDER BY seq", (run_id, seq))
 
+    def event_at(self, run_id: str, seq: int) -> Event | None:
+        found = self._events("WHERE run_id = ? AND seq = ?", (run_id, seq))
+        return found[0] if found else None
+
     def _events(self, where: str, params: tuple[Any, ...]) -> list[Event]:
         rows = self._query(f"SELECT {_EVENT_COLS} FROM events {where}", params)
         return [event_from_row(r) for r in rows]

@@ -443,6 +443,15 @@ class PostgresStore(EventStore):
         )
         return [event_from_row(r) for r in rows]
 
+    def event_at(self, run_id: str, seq: int) -> Event | None:
+        if not _is_uuid(run_id):
+            return None
+        rows = self.query(
+            f"SELECT {_EVENT_COLS} FROM agent_execution_events WHERE run_id = %s AND sequence = %s",
+            (run_id, seq),
+        )
+        return event_from_row(rows[0]) if rows else None
+
     def iter_run_ids(self) -> Iterator[str]:
         rows = self.query("SELECT run_id::text FROM runs ORDER BY started_at, run_id")
         return iter([r[0] for r in rows])
