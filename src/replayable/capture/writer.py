@@ -452,10 +452,13 @@ class Writer:
 
     def _step(self) -> bool:
         """One round of the writer thread; ``True`` once it has shut down."""
-        while self._queue:
-            raw: list[tuple[int, Any, _Waiter | None]] = []
-            while self._queue and len(raw) < self.batch_size:
-                raw.append(self._queue.popleft())
+        queue = self._queue
+        while queue:
+            # Only this thread takes from the queue: what it counts is there.
+            pop = queue.popleft
+            raw: list[tuple[int, Any, _Waiter | None]] = [
+                pop() for _ in range(min(len(queue), self.batch_size))
+            ]
             try:
                 batch = self._build(raw)
             except StoreError as exc:
