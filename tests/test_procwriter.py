@@ -269,3 +269,37 @@ def test_an_interpreter_that_cannot_start_python_keeps_the_writer_in_process(
         assert store.get_run(rec.run_ids[0]).status == "completed"
     finally:
         store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_records_through_writers_of_its_own(
+    process_writer: None, tmp_path: Path
+) -> None:
+    """After fork the child has none of the parent's writer threads: it starts its own."""
+    store = replayable.open_store(f"sqlite:///{tmp_path}/fork.db")
+    try:
+        with replayable.recording(store) as before:
+            agents.research("parent")
+        pid = os.fork()
+        if pid == 0:  # the child: record with the same store object, then leave at once
+            code = 1
+            try:
+                with replayable.recording(store) as rec:
+                    agents.research("child")
+                store.close()
+                code = 0 if len(rec.run_ids) == 1 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        runs = {r.run_id: r for r in store.list_runs()}
+        assert before.run_ids[0] in runs
+        assert len(runs) == 2
+        for run_id in runs:
+            assert store.get_run(run_id).status == "completed"
+            assert replayable.verify_run(store, run_id).ok
+        with replayable.recording(store) as after:
+            agents.research("parent again")
+        assert store.get_run(after.run_ids[0]).status == "completed"
+    finally:
+        store.close()

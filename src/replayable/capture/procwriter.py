@@ -255,6 +255,7 @@ class ProcessWriter:
         self._closing = False
         self._closed = False
         self._fallback: Writer | None = None
+        self._pid = os.getpid()
         config = {
             "url": store.url,
             "redact_keys": sorted(redactor.keys),
@@ -323,7 +324,7 @@ class ProcessWriter:
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything handed off so far is committed by the child."""
-        if self._closed:
+        if self._closed or self._pid != os.getpid():
             return
         self._send_and_wait(None, self.durable_timeout if timeout is None else timeout)
 
@@ -437,8 +438,8 @@ class ProcessWriter:
 
     def close(self) -> None:
         """Flush, then let the child close its writer and its connection to the store."""
-        if self._closed:
-            return
+        if self._closed or self._pid != os.getpid():
+            return  # closed already, or a forked child's copy: the parent owns it
         try:
             if self._fallback is None:
                 self._send_and_wait(_ENCODER.encode(("c", None)), self.durable_timeout)

@@ -292,6 +292,7 @@ class Writer:
         self._drained = threading.Event()
         self._drained.set()
         self._committer = _Committer()
+        self._pid = os.getpid()
         self.configure(
             max_block_s=max_block_s,
             on_store_failure=on_store_failure,
@@ -403,7 +404,7 @@ class Writer:
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything handed off so far is committed (or, fail-open, spooled)."""
-        if threading.current_thread() is self._thread or self._closed:
+        if threading.current_thread() is self._thread or self._closed or self._pid != os.getpid():
             return
         self._submit_and_wait(_MARK, None, self.durable_timeout if timeout is None else timeout)
 
@@ -789,8 +790,8 @@ class Writer:
 
         A spool that cannot drain now stays on disk for the next writer of the store.
         """
-        if self._closed:
-            return
+        if self._closed or self._pid != os.getpid():
+            return  # closed already, or a forked child's copy: the parent owns it
         try:
             try:
                 self.flush(timeout=self.durable_timeout)
@@ -815,6 +816,18 @@ _writers: weakref.WeakKeyDictionary[EventStore, Writer | ProcessWriter] = (
     weakref.WeakKeyDictionary()
 )
 _writers_lock = threading.Lock()
+
+
+def _forget_writers() -> None:
+    # A forked child has none of its parent's writer threads (nor its pipe to the
+    # writer process): it starts writers of its own when it records.
+    global _writers_lock
+    _writers_lock = threading.Lock()
+    _writers.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_writers)
 
 
 def can_spawn_writer() -> bool:
