@@ -10,6 +10,11 @@ Overhead is the difference of the per-call medians:
 - a 500-chunk streamed chat completion, per chunk (target <= 2 µs);
 - a replay of recorded calls against the live local call (replay must be faster).
 
+Alongside the wall-clock overheads, the same batches are timed in CPU time of
+the agent's thread (``time.thread_time_ns``): the extra CPU that thread spends
+with the seam (its own work, plus whatever slowdown the writer process and the
+fake provider cause it by sharing the cores), as opposed to time spent waiting.
+
 Run alone: ``python bench/bench_http.py [--quick]``.
 """
 
@@ -86,26 +91,28 @@ def _stream(client: openai.OpenAI) -> None:
 
 def _alternate(
     client: openai.OpenAI, fn: Callable[[openai.OpenAI], None], batch: int, samples: int
-) -> tuple[list[float], list[float]]:
-    """Per-call ns of ``fn`` outside a run and inside it, in alternating batches."""
-    clock = time.perf_counter_ns
-    plain: list[float] = []
-    seam: list[float] = []
+) -> dict[str, list[float]]:
+    """Per-call ns of ``fn`` outside a run and inside it, in alternating batches:
+    wall clock (``plain``, ``seam``) and the agent thread's CPU (``plain_cpu``, ``seam_cpu``)."""
+    clock, cpu = time.perf_counter_ns, time.thread_time_ns
+    out: dict[str, list[float]] = {"plain": [], "seam": [], "plain_cpu": [], "seam_cpu": []}
     for i in range(samples):
         for mode in (0, 1) if i % 2 else (1, 0):
             gc.collect()
             if mode == 0:
                 with _outside_run():
-                    t0 = clock()
+                    c0, t0 = cpu(), clock()
                     for _ in range(batch):
                         fn(client)
-                    plain.append((clock() - t0) / batch)
+                    out["plain"].append((clock() - t0) / batch)
+                    out["plain_cpu"].append((cpu() - c0) / batch)
             else:
-                t0 = clock()
+                c0, t0 = cpu(), clock()
                 for _ in range(batch):
                     fn(client)
-                seam.append((clock() - t0) / batch)
-    return plain, seam
+                out["seam"].append((clock() - t0) / batch)
+                out["seam_cpu"].append((cpu() - c0) / batch)
+    return out
 
 
 @replayable.workflow("bench.http")
@@ -115,13 +122,11 @@ def http_agent(base_url: str, batch: int, samples: int, stream_samples: int) -> 
             _call(client)
             with _outside_run():
                 _call(client)
-        call_plain, call_seam = _alternate(client, _call, batch, samples)
-        stream_plain, stream_seam = _alternate(client, _stream, 1, stream_samples)
+        calls = _alternate(client, _call, batch, samples)
+        streams = _alternate(client, _stream, 1, stream_samples)
     return {
-        "call_plain": call_plain,
-        "call_seam": call_seam,
-        "stream_plain": stream_plain,
-        "stream_seam": stream_seam,
+        **{f"call_{k}": v for k, v in calls.items()},
+        **{f"stream_{k}": v for k, v in streams.items()},
     }
 
 
@@ -161,11 +166,14 @@ def run(cfg: Config) -> Section:
     stream_plain, stream_seam = med(raw["stream_plain"]), med(raw["stream_seam"])
     call_over = call_seam - call_plain
     chunk_over = (stream_seam - stream_plain) / CHUNKS
+    call_cpu = med(raw["call_seam_cpu"]) - med(raw["call_plain_cpu"])
+    chunk_cpu = (med(raw["stream_seam_cpu"]) - med(raw["stream_plain_cpu"])) / CHUNKS
     replay_call = med(replays)
 
     sec.row("chat call, plain", us(call_plain), f"median of {samples} batches of {batch}")
     sec.row("chat call, recorded", us(call_seam), f"ratio {call_seam / call_plain:.3f}")
     sec.row("seam overhead per call", us(call_over))
+    sec.row("  agent-thread CPU of it", us(call_cpu), "thread time, same batches")
     sec.row(f"{CHUNKS}-chunk stream, plain", us(stream_plain), f"median of {stream_samples}")
     sec.row(
         f"{CHUNKS}-chunk stream, recorded",
@@ -173,6 +181,7 @@ def run(cfg: Config) -> Section:
         f"ratio {stream_seam / stream_plain:.3f}",
     )
     sec.row("seam overhead per chunk", us(chunk_over))
+    sec.row("  agent-thread CPU of it", us(chunk_cpu), "thread time, same batches")
     sec.row(
         "replayed call",
         us(replay_call),
@@ -190,6 +199,8 @@ def run(cfg: Config) -> Section:
         "stream_plain_ns": stream_plain,
         "stream_seam_ns": stream_seam,
         "chunk_overhead_ns": chunk_over,
+        "call_overhead_cpu_ns": call_cpu,
+        "chunk_overhead_cpu_ns": chunk_cpu,
         "replay_call_ns": replay_call,
         "chunks": CHUNKS,
     }

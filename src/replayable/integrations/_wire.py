@@ -3,25 +3,16 @@
 Pure functions over parsed JSON: which boundary an HTTP request is (``llm``
 with a name like ``openai.chat.completions``, or plain ``http``), the model
 and sampling parameters of a request, normalized messages, usage and output
-of a response, and the assembly of a server-sent event stream into the
-response it amounts to. Nothing here imports an SDK.
+of a response. Streams are in :mod:`~replayable.integrations._sse`. Nothing
+here imports an SDK.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
-__all__ = [
-    "assemble_sse",
-    "classify",
-    "describe_request",
-    "describe_response",
-    "parse_sse",
-    "stream_finished",
-]
+__all__ = ["classify", "describe_request", "describe_response"]
 
 JSON = Any
 
@@ -56,12 +47,14 @@ _OPENAI_PATHS = (
 )
 
 
-def classify(method: str, path: str, headers: Mapping[str, str]) -> tuple[str, str, str | None]:
-    """``(kind, name, provider)`` of a request: an ``llm`` call or a plain ``http`` one."""
+def classify(method: str, path: str, anthropic: bool) -> tuple[str, str, str | None]:
+    """``(kind, name, provider)`` of a request: an ``llm`` call or a plain ``http`` one.
+
+    ``anthropic``: the request names Anthropic (an ``anthropic-version``
+    header or an Anthropic user agent), which tells its ``/messages`` apart.
+    """
     if method == "POST":
-        if path.endswith("/messages") and (
-            "anthropic-version" in headers or "anthropic" in headers.get("user-agent", "").lower()
-        ):
+        if anthropic and path.endswith("/messages"):
             return "llm", "anthropic.messages", "anthropic"
         for suffix, name in _OPENAI_PATHS:
             if path.endswith(suffix):
@@ -306,167 +299,3 @@ def describe_response(name: str, body: JSON) -> dict[str, Any]:
     if output is not None:
         meta["output"] = output
     return meta
-
-
-# -- server-sent events ------------------------------------------------------------
-
-
-def parse_sse(data: bytes) -> list[tuple[str | None, JSON]]:
-    """``(event, data)`` pairs of a server-sent event stream; data parsed as JSON when it is."""
-    events: list[tuple[str | None, JSON]] = []
-    for block in data.replace(b"\r\n", b"\n").split(b"\n\n"):
-        event: str | None = None
-        lines: list[bytes] = []
-        for line in block.split(b"\n"):
-            if line.startswith(b"data:"):
-                lines.append(line[5:].lstrip(b" "))
-            elif line.startswith(b"event:"):
-                event = line[6:].strip().decode()
-        if not lines:
-            continue
-        raw = b"\n".join(lines)
-        try:
-            value: JSON = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            value = raw.decode(errors="replace")
-        events.append((event, value))
-    return events
-
-
-def _assemble_chat(events: list[tuple[str | None, JSON]]) -> JSON:
-    out: dict[str, Any] = {}
-    choices: dict[int, dict[str, Any]] = {}
-    for _, chunk in events:
-        if not isinstance(chunk, dict):
-            continue
-        for key in ("id", "model", "created", "system_fingerprint"):
-            if chunk.get(key) is not None:
-                out[key] = chunk[key]
-        if chunk.get("usage"):
-            out["usage"] = chunk["usage"]
-        for c in chunk.get("choices") or ():
-            choice = choices.setdefault(
-                c.get("index", 0),
-                {
-                    "index": c.get("index", 0),
-                    "finish_reason": None,
-                    "message": {"role": "assistant", "content": None},
-                },
-            )
-            delta = c.get("delta") or {}
-            msg = choice["message"]
-            if delta.get("content"):
-                msg["content"] = (msg["content"] or "") + delta["content"]
-            for tc in delta.get("tool_calls") or ():
-                calls = msg.setdefault("tool_calls", [])
-                i = tc.get("index", 0)
-                while len(calls) <= i:
-                    calls.append(
-                        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-                    )
-                slot = calls[i]
-                if tc.get("id"):
-                    slot["id"] = tc["id"]
-                fn = tc.get("function") or {}
-                slot["function"]["name"] += fn.get("name") or ""
-                slot["function"]["arguments"] += fn.get("arguments") or ""
-            if c.get("finish_reason"):
-                choice["finish_reason"] = c["finish_reason"]
-    out["object"] = "chat.completion"
-    out["choices"] = [choices[i] for i in sorted(choices)]
-    return out
-
-
-def _assemble_responses(events: list[tuple[str | None, JSON]]) -> JSON:
-    text: list[str] = []
-    latest: JSON = None
-    for _, ev in events:
-        if not isinstance(ev, dict):
-            continue
-        if isinstance(ev.get("response"), dict):
-            latest = ev["response"]
-        if ev.get("type") == "response.output_text.delta":
-            text.append(str(ev.get("delta", "")))
-    if isinstance(latest, dict) and latest.get("output"):
-        return latest
-    partial = dict(latest) if isinstance(latest, dict) else {}
-    partial["output"] = [
-        {
-            "type": "message",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": "".join(text)}],
-        }
-    ]
-    return partial
-
-
-def _assemble_anthropic(events: list[tuple[str | None, JSON]]) -> JSON:
-    message: dict[str, Any] = {}
-    blocks: dict[int, dict[str, Any]] = {}
-    partial_json: dict[int, str] = {}
-    for _, ev in events:
-        if not isinstance(ev, dict):
-            continue
-        kind = ev.get("type")
-        if kind == "message_start":
-            message = dict(ev.get("message") or {})
-        elif kind == "content_block_start":
-            blocks[ev.get("index", 0)] = dict(ev.get("content_block") or {})
-        elif kind == "content_block_delta":
-            i = ev.get("index", 0)
-            block = blocks.setdefault(i, {"type": "text", "text": ""})
-            delta = ev.get("delta") or {}
-            if delta.get("type") == "text_delta":
-                block["text"] = block.get("text", "") + delta.get("text", "")
-            elif delta.get("type") == "input_json_delta":
-                partial_json[i] = partial_json.get(i, "") + delta.get("partial_json", "")
-            elif delta.get("type") == "thinking_delta":
-                block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
-        elif kind == "message_delta":
-            message.update(ev.get("delta") or {})
-            if ev.get("usage"):
-                message["usage"] = {**(message.get("usage") or {}), **ev["usage"]}
-    for i, raw in partial_json.items():
-        try:
-            blocks[i]["input"] = orjson.loads(raw) if raw else {}
-        except orjson.JSONDecodeError:
-            blocks[i]["input"] = raw
-    message["content"] = [blocks[i] for i in sorted(blocks)]
-    return message
-
-
-_ASSEMBLERS: dict[str, Callable[[list[tuple[str | None, JSON]]], JSON]] = {
-    "openai.chat.completions": _assemble_chat,
-    "openai.completions": _assemble_chat,
-    "openai.responses": _assemble_responses,
-    "anthropic.messages": _assemble_anthropic,
-}
-
-
-def assemble_sse(name: str, events: list[tuple[str | None, JSON]]) -> JSON:
-    """The response a parsed stream amounts to (``None`` for a stream of unknown format)."""
-    assemble = _ASSEMBLERS.get(name)
-    if assemble is None:
-        return None
-    return assemble(events)
-
-
-_TERMINAL = frozenset(
-    {
-        "[DONE]",
-        "message_stop",
-        "response.completed",
-        "response.failed",
-        "response.incomplete",
-        "error",
-    }
-)
-
-
-def stream_finished(events: list[tuple[str | None, JSON]]) -> bool:
-    """Whether a stream reached its provider's final event (``[DONE]``, ``message_stop`` …)."""
-    if not events:
-        return False
-    name, data = events[-1]
-    kind = data.get("type") if isinstance(data, dict) else data
-    return name in _TERMINAL or kind in _TERMINAL
