@@ -225,3 +225,39 @@ def test_headers_as_pairs_redacted(sqlite_store: SQLiteStore, sqlite_path: Path)
     data = database_bytes(sqlite_path)
     for secret in (BASIC_AUTH.split()[1], COOKIE, PASSWORD):
         assert secret.encode() not in data
+
+
+def test_prefilter_decides_as_the_full_scans_do() -> None:
+    """The one-pass pre-filter only skips scans that could not match: on random payloads
+    mixing secret names, secret values and near misses it agrees with the full scans."""
+    import random
+
+    from replayable.events.canonical import Redactor
+
+    fast = Redactor(extra_keys=["private key", "monkey"])
+    full = Redactor(extra_keys=["private key", "monkey"])
+    assert fast._prefilter is not None
+    full._prefilter = None
+    words = [
+        "prompt_tokens", "total_tokens", "api_key", "API-KEY", "x-api-key", "Authorization",
+        "password", "passwd", "client_secret", "private_key", "private key", "cookie",
+        "Set-Cookie", "session_token", "keyboard", "monkey", "passage", "secretary",
+        "sk-", "ask-", "task-1", "sk-proj-Abcdefghijklmnop1234", "ghp_" + "a" * 24,
+        "xoxb-1234567890ab", "AKIAABCDEFGHIJKLMNOP", "Bearer abc.def.ghi", "bearer",
+        "-----BEGIN RSA PRIVATE KEY-----", "github_pat_" + "b" * 22, "akia", "tokenize",
+        "weather", "Paris", "usage", "content", "role", "assistant", "", " ", "-", "_",
+    ]  # fmt: skip
+    rng = random.Random(7)
+    disagreements = []
+    for _ in range(3000):
+        tree: dict[str, object] = {}
+        for _ in range(rng.randint(1, 5)):
+            key = "".join(rng.choice(words) for _ in range(rng.randint(1, 2)))
+            value = "".join(rng.choice(words) for _ in range(rng.randint(0, 3)))
+            tree[key if rng.random() < 0.8 else key.upper()] = (
+                [key, value] if rng.random() < 0.2 else value
+            )
+        payload = orjson.dumps(tree, option=orjson.OPT_SORT_KEYS)
+        if fast.needs_redaction(payload) != full.needs_redaction(payload):
+            disagreements.append(payload)
+    assert disagreements == []

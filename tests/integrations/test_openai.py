@@ -299,6 +299,24 @@ def test_secrets_and_volatile_headers_are_not_stored(
     assert request["path"] == "/v1/chat/completions"
 
 
+def test_a_secret_typed_into_a_prompt_is_redacted_everywhere_it_is_stored(
+    provider: FakeProvider, store: MemoryStore
+) -> None:
+    """The prompt reaches the request body and the event's metadata (messages, output):
+    a key pasted into it is redacted in both, and the call still replays."""
+    secret = "sk-proj-Pasted0Into1The2Prompt3"
+    run_id, _ = _record(store, chat_agent, provider.url + "/v1", f"is {secret} valid?")
+    assert any(secret in str(r["body"]) for r in provider.requests), "the model saw it"
+    (event, *_) = [e for e in store.events(run_id) if e.kind == "llm"]
+    assert "messages" in event.metadata
+    for e in store.events(run_id):
+        stored = (e.request or "") + (e.response or "") + orjson.dumps(e.metadata).decode()
+        assert secret not in stored
+    assert "[REDACTED]" in orjson.dumps(event.metadata).decode()
+    result = replayable.replay(run_id, store=store, fn=chat_agent)
+    assert result.status == "identical", result.divergence
+
+
 def test_retries_collapse_into_one_event_and_replay_without_backoff(
     provider: FakeProvider, store: MemoryStore
 ) -> None:

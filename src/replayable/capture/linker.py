@@ -21,6 +21,7 @@ from replayable.events.canonical import (
     genesis_hash,
     run_seal,
 )
+from replayable.events.codec import encode_request
 from replayable.events.model import SCHEMA_VERSION, Event, RunEnd, RunStart
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class Linker:
         if prefix is None:
             prefix = self._prefixes[(kind, name)] = f"{kind}\x00{name}\x00".encode()
         fp = sha256(prefix + req).hexdigest()
-        metadata = meta or {}
+        metadata = self._metadata(meta) if meta else {}
         encoding = "tagged" if tagged else "json"
         chain = chains.get(run_id) or self.chain(run_id, chains)
         prev = chain.head
@@ -179,6 +180,19 @@ class Linker:
             prev_hash=prev,
             hash=digest,
         )
+
+    def _metadata(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """An event's metadata as JSON values, with secrets redacted: an LLM call's
+        metadata repeats its messages and output, which may hold what the request did."""
+        try:
+            data = canonical(meta)
+        except TypeError:  # an SDK may pass a class (a response_format), say
+            data = encode_request(meta)
+            meta = orjson.loads(data)
+        if self.redactor.needs_redaction(data):
+            redacted: dict[str, Any] = self.redactor(orjson.loads(data))
+            return redacted
+        return meta
 
     def start(self, start: RunStart) -> RunStart:
         redacted = self.redactor.redact_bytes(start.input.encode()).decode()

@@ -85,6 +85,13 @@ _VALUE_FRAGMENTS: Final = (
 )
 
 
+#: For each fragment: (may be part of a secret key name, may start a secret value).
+_FRAGMENT_KINDS: Final = {
+    f.encode(): (any(k in f for k in _KEY_FRAGMENTS), f in _VALUE_FRAGMENTS)
+    for f in (*_KEY_FRAGMENTS, *_VALUE_FRAGMENTS)
+}
+
+
 class Redactor:
     """Replaces secrets in a JSON payload before it is fingerprinted or stored.
 
@@ -134,11 +141,27 @@ class Redactor:
         """Whether serialized ``payload`` may hold a secret (a cheap, conservative scan)."""
         low = payload.lower()
         prefilter = self._prefilter
-        if prefilter is not None and prefilter.search(low) is None:
+        if prefilter is None:
+            if self._key_scan is not None and self._key_scan.search(low) is not None:
+                return True
+            return self._value_scan is not None and self._value_scan.search(payload) is not None
+        found = prefilter.findall(low)
+        if not found:
             return False
-        if self._key_scan is not None and self._key_scan.search(low) is not None:
+        # Only the scans the fragments call for: "token" in every LLM usage block
+        # ("prompt_tokens") must not send the payload through the value patterns.
+        kinds = _FRAGMENT_KINDS
+        if (
+            self._key_scan is not None
+            and any(kinds[f][0] for f in found)
+            and self._key_scan.search(low) is not None
+        ):
             return True
-        return self._value_scan is not None and self._value_scan.search(payload) is not None
+        return (
+            self._value_scan is not None
+            and any(kinds[f][1] for f in found)
+            and self._value_scan.search(payload) is not None
+        )
 
     def __call__(self, tree: Any) -> Any:
         """A copy of the JSON ``tree`` with secrets replaced by ``[REDACTED]``."""
