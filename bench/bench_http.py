@@ -36,7 +36,15 @@ ROOT = Path(__file__).resolve().parent.parent
 import openai  # noqa: E402
 
 import replayable  # noqa: E402
-from harness import Config, Section, Target, format_section, temp_dir, us  # noqa: E402
+from harness import (  # noqa: E402
+    Config,
+    Section,
+    Target,
+    format_section,
+    temp_dir,
+    us,
+    warm_writer,
+)
 from replayable.capture.context import _STATE  # noqa: E402
 from replayable.store.sqlite import SQLiteStore  # noqa: E402
 
@@ -146,6 +154,7 @@ def run(cfg: Config) -> Section:
     replay_n = cfg.pick(500, 100)
     started = time.perf_counter()
     with temp_dir("http") as tmp, _server() as base_url:
+        warm_writer(tmp)
         store = SQLiteStore(tmp / "http.db")
         try:
             with replayable.recording(store):
