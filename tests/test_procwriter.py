@@ -303,3 +303,30 @@ def test_a_forked_child_records_through_writers_of_its_own(
         assert store.get_run(after.run_ids[0]).status == "completed"
     finally:
         store.close()
+
+
+def test_a_failing_forwarder_hands_its_records_to_the_in_process_writer(
+    process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the forwarding thread must not strand records: the store falls back."""
+    from replayable.capture import procwriter
+
+    def broken(self: object) -> None:
+        raise RuntimeError("forwarder bug")
+
+    monkeypatch.setattr(procwriter._Channel, "_forward_loop", broken)
+    monkeypatch.setattr(procwriter, "_channel", None)  # a new channel, with the bug
+    store = replayable.open_store(f"sqlite:///{tmp_path}/b.db")
+    try:
+        with replayable.recording(store) as rec:
+            agents.research("bug")
+        writer = writer_for(store)
+        assert isinstance(writer, ProcessWriter)
+        assert writer._fallback is not None
+        assert isinstance(writer.last_error, RuntimeError)
+        run_id = rec.run_ids[0]
+        assert store.get_run(run_id).status == "completed"
+        assert len(store.events(run_id)) == 6
+        assert replayable.verify_run(store, run_id).ok
+    finally:
+        store.close()

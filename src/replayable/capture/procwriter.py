@@ -102,8 +102,11 @@ class _Channel:
         self._forwarder.start()
         self._acks.start()
 
-    def add(self, writer: ProcessWriter) -> int:
+    def add(self, writer: ProcessWriter) -> int | None:
+        """Register a store's writer; ``None`` if the channel has died already."""
         with self.lock:
+            if self.dead is not None:
+                return None
             sid = next(self._sids)
             self.writers[sid] = writer
         return sid
@@ -112,12 +115,24 @@ class _Channel:
         waiter = _Waiter()
         with self.lock:
             ticket = next(self._tickets)
-            self.waiters[ticket] = waiter
+            if self.dead is None:
+                self.waiters[ticket] = waiter
+            else:
+                waiter.resolve(f"the writer process ended before confirming: {self.dead}")
         return ticket, waiter
 
     # -- threads ----------------------------------------------------------------------
 
     def _forward(self) -> None:
+        # Whatever goes wrong here, the records must not be stranded: the stores fall
+        # back to in-process writers, which take what was not sent.
+        try:
+            self._forward_loop()
+        except Exception as exc:
+            log.exception("replayable: the forwarder to the writer process failed")
+            self._died(exc)
+
+    def _forward_loop(self) -> None:
         pipe = self.proc.stdin
         assert pipe is not None
         while True:
@@ -163,6 +178,13 @@ class _Channel:
                 return
 
     def _read_acks(self) -> None:
+        try:
+            self._read_acks_loop()
+        except Exception as exc:
+            log.exception("replayable: reading the writer process's answers failed")
+            self._died(exc)
+
+    def _read_acks_loop(self) -> None:
         out = self.proc.stdout
         assert out is not None
         for line in out:
@@ -183,10 +205,17 @@ class _Channel:
             writers = list(self.writers.values())
             self.writers = {}
         log.warning("replayable: the writer process ended (%s); writing in-process", exc)
-        for waiter in waiters.values():
-            waiter.resolve(f"the writer process ended before confirming: {exc}")
+        try:
+            # If it still runs, it commits what it was sent and exits.
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        # Fall back first: a waiter that wakes up confirms with the in-process writer.
         for writer in writers:
             writer._fall_back(exc)
+        for waiter in waiters.values():
+            waiter.resolve(f"the writer process ended before confirming: {exc}")
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Send what is left, let the child commit it and exit."""
@@ -278,8 +307,13 @@ class ProcessWriter:
         }
         self._buf.append(_ENCODER.encode(("o", config)))
         self._channel = _current_channel()
-        self._sid = self._channel.add(self)
-        self._channel.wake.set()
+        sid = self._channel.add(self)
+        if sid is None:  # it died between being found and being joined
+            self._sid = 0
+            self._fall_back(self._channel.dead or EOFError("the writer process ended"))
+        else:
+            self._sid = sid
+            self._channel.wake.set()
 
     # -- hot path -------------------------------------------------------------------
 
@@ -325,6 +359,12 @@ class ProcessWriter:
                 f"the writer process for {self.store.url} did not confirm within {bound:g}s"
             )
         if waiter.reply is not None:
+            fallback = self._fallback
+            if fallback is not None and self._channel.dead is not None:
+                # The child ended while we waited: what it had not been sent went to
+                # the in-process writer, so confirm there.
+                fallback.flush(bound)
+                return
             raise StoreError(f"writing to {self.store.url} failed: {waiter.reply}")
 
     def _backpressure(self) -> None:
