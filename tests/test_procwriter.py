@@ -328,5 +328,8 @@ def test_a_failing_forwarder_hands_its_records_to_the_in_process_writer(
         assert store.get_run(run_id).status == "completed"
         assert len(store.events(run_id)) == 6
         assert replayable.verify_run(store, run_id).ok
+        # Told to end, the child exits and is collected.
+        writer._channel._acks.join(timeout=10)
+        assert writer._channel.proc.returncode == 0
     finally:
         store.close()

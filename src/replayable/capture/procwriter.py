@@ -183,6 +183,19 @@ class _Channel:
         except Exception as exc:
             log.exception("replayable: reading the writer process's answers failed")
             self._died(exc)
+        finally:
+            if self.dead is not None:
+                self._reap()
+
+    def _reap(self) -> None:
+        """Collect a child that has ended (or been told to), so it leaves no zombie."""
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def _read_acks_loop(self) -> None:
         out = self.proc.stdout
