@@ -246,10 +246,14 @@ def test_prefilter_decides_as_the_full_scans_do() -> None:
         "xoxb-1234567890ab", "AKIAABCDEFGHIJKLMNOP", "Bearer abc.def.ghi", "bearer",
         "-----BEGIN RSA PRIVATE KEY-----", "github_pat_" + "b" * 22, "akia", "tokenize",
         "weather", "Paris", "usage", "content", "role", "assistant", "", " ", "-", "_",
+        "risk-level", "task-", "xsk-sk-Abcdefghijklmnop1234", "_sk-Abcdefghijklmnop1234",
+        "BEARER abcdefghij", "Bearer\tabcdefghij", "SK-PROJ-ABCDEFGHIJKLMNOP", "xoxz-1234567890",
+        "AKIAABCDEFGHIJKLMNO", "AKIAABCDEFGHIJKLMNOPQ", "-----BEGIN PRIVATE KEY-----",
+        "ghs_short", "gho_" + "c" * 30, "github_pat", "sk-ant-" + "d" * 20, "9ghp_" + "e" * 22,
     ]  # fmt: skip
     rng = random.Random(7)
     disagreements = []
-    for _ in range(3000):
+    for _ in range(6000):
         tree: dict[str, object] = {}
         for _ in range(rng.randint(1, 5)):
             key = "".join(rng.choice(words) for _ in range(rng.randint(1, 2)))

@@ -92,6 +92,41 @@ _FRAGMENT_KINDS: Final = {
 }
 
 
+#: The default value patterns by the fragment the pre-filter finds for them, each
+#: starting with its literal text, so that ``re`` searches with a fast literal scan
+#: (an alternation behind ``\b`` costs ~40 ns a byte), and whether a word boundary
+#: must come before it (checked by hand).
+_VALUE_SCANS: Final = {
+    b"sk-": (re.compile(rb"sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}"), True),
+    b"ghp_": (re.compile(rb"ghp_[A-Za-z0-9_]{20,}"), True),
+    b"gho_": (re.compile(rb"gho_[A-Za-z0-9_]{20,}"), True),
+    b"ghs_": (re.compile(rb"ghs_[A-Za-z0-9_]{20,}"), True),
+    b"github_pat_": (re.compile(rb"github_pat_[A-Za-z0-9_]{20,}"), True),
+    b"xox": (re.compile(rb"xox[abpr]-[A-Za-z0-9\-]{10,}"), True),
+    b"akia": (re.compile(rb"AKIA[0-9A-Z]{16}\b"), True),
+    b"bearer": (re.compile(rb"Bearer\s+[A-Za-z0-9._~+/=\-]{8,}"), True),
+    b"private key": (re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----"), False),
+}
+_WORD: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _value_found(payload: bytes, fragments: set[bytes]) -> bool:
+    """Whether a default value pattern matches ``payload``, trying only the patterns
+    of the fragments found (what ``\b(?:…)|…`` over the whole payload decides)."""
+    for fragment in fragments:
+        scan = _VALUE_SCANS.get(fragment)
+        if scan is None:
+            continue
+        rx, bounded = scan
+        m = rx.search(payload)
+        while m is not None:
+            start = m.start()
+            if not bounded or start == 0 or payload[start - 1] not in _WORD:
+                return True
+            m = rx.search(payload, start + 1)  # a later start may still match
+    return False
+
+
 class Redactor:
     """Replaces secrets in a JSON payload before it is fingerprinted or stored.
 
@@ -157,11 +192,7 @@ class Redactor:
             and self._key_scan.search(low) is not None
         ):
             return True
-        return (
-            self._value_scan is not None
-            and any(kinds[f][1] for f in found)
-            and self._value_scan.search(payload) is not None
-        )
+        return any(kinds[f][1] for f in found) and _value_found(payload, set(found))
 
     def __call__(self, tree: Any) -> Any:
         """A copy of the JSON ``tree`` with secrets replaced by ``[REDACTED]``."""
