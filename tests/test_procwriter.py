@@ -333,3 +333,35 @@ def test_a_failing_forwarder_hands_its_records_to_the_in_process_writer(
         assert writer._channel.proc.returncode == 0
     finally:
         store.close()
+
+
+def test_runs_in_progress_keep_one_chain_across_the_fall_back(
+    process_writer: None, tmp_path: Path
+) -> None:
+    """When the writer process goes mid-run, the in-process writer continues each run's
+    hash chain from what the child committed: the run verifies end to end."""
+    store = replayable.open_store(f"sqlite:///{tmp_path}/c.db")
+
+    @replayable.workflow("across")
+    def across() -> int:
+        for i in range(3):
+            agents.fetch(f"before{i}")
+        writer = writer_for(store)
+        assert isinstance(writer, ProcessWriter)
+        writer.flush()
+        writer._channel._died(RuntimeError("the writer process went away"))
+        for i in range(3):
+            agents.fetch(f"after{i}")
+        return 6
+
+    try:
+        with replayable.recording(store) as rec:
+            across()
+        run_id = rec.run_ids[0]
+        assert writer_for(store)._fallback is not None  # type: ignore[union-attr]
+        assert [e.seq for e in store.events(run_id)] == [1, 2, 3, 4, 5, 6]
+        assert [e.chain_index for e in store.events(run_id)] == [0, 1, 2, 3, 4, 5]
+        assert store.get_run(run_id).status == "completed"
+        assert replayable.verify_run(store, run_id).ok
+    finally:
+        store.close()

@@ -86,6 +86,12 @@ class Linker:
             chain = Chain(run_id)
             if committed is not None:
                 chain.count, chain.head = committed.count, committed.head
+            elif run_id not in self.starts:
+                # A run this writer did not start: another writer (the writer process,
+                # before this one took over from it) linked its first events.
+                stored = self.store.events(run_id)
+                if stored:
+                    chain.count, chain.head = stored[-1].chain_index + 1, stored[-1].hash
             chains[run_id] = chain
         return chain
 

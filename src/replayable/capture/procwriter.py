@@ -219,10 +219,12 @@ class _Channel:
             self.writers = {}
         log.warning("replayable: the writer process ended (%s); writing in-process", exc)
         try:
-            # If it still runs, it commits what it was sent and exits.
+            # If it still runs, it commits what it was sent and exits; the in-process
+            # writers continue each run's chain from what it committed, so wait for it.
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
-        except (OSError, ValueError):
+            self.proc.wait(timeout=30)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
             pass
         # Fall back first: a waiter that wakes up confirms with the in-process writer.
         for writer in writers:

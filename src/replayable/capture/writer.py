@@ -745,6 +745,10 @@ class Writer:
                 # The common case first: a buffered event.
                 try:
                     events.append(link(item, chains))
+                except StoreError as exc:
+                    if not is_permanent(exc):
+                        raise  # looking up the run's chain: try the batch again later
+                    refused.append(("e", item, exc))
                 except Exception as exc:  # a record that cannot be built never will be
                     refused.append(("e", item, exc))
                 continue
