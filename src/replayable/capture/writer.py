@@ -57,20 +57,16 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from replayable.capture.batches import Batch, Committer, Waiter, is_permanent
 from replayable.capture.config import settings
 from replayable.capture.linker import Chain, Linker, PendingEvent
 from replayable.capture.procwriter import ProcessWriter
 from replayable.capture.spool import Spool, SpoolBatch, adopt_leftovers, append_rejects
 from replayable.errors import (
-    AppendOnlyError,
     ConfigurationError,
-    RunNotFoundError,
-    SchemaVersionError,
-    SerializationError,
     StoreError,
 )
 from replayable.events.canonical import (
@@ -91,38 +87,11 @@ OnStoreFailure = Literal["spool", "raise"]
 _EVENT, _START, _END, _BLOB, _MARK = range(5)
 _LETTER = {_EVENT: "e", _START: "s", _END: "x", _BLOB: "b"}
 _MIN_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
-_PERMANENT = (
-    AppendOnlyError,
-    SchemaVersionError,
-    RunNotFoundError,
-    ConfigurationError,
-    SerializationError,
-)
 
 
 def default_spool_dir() -> Path:
     """``$REPLAYABLE_SPOOL_DIR``, else ``.replayable/spool`` under the current directory."""
     return Path(os.environ.get("REPLAYABLE_SPOOL_DIR") or ".replayable/spool").absolute()
-
-
-def is_permanent(exc: BaseException) -> bool:
-    """Whether a failed write would fail again however often it is retried.
-
-    Connection and availability failures are transient; refusals of the data
-    itself (a duplicate, a newer schema, a value the database cannot hold)
-    are permanent.
-    """
-    if isinstance(exc, _PERMANENT):
-        return True
-    if isinstance(exc, StoreError):
-        cause = exc.__cause__
-        if cause is None or isinstance(cause, OSError):
-            return False
-        if type(cause).__name__ in ("OperationalError", "InterfaceError"):
-            return False  # lost connection, timeout, locked database, shutdown
-        # Any other database error (data, integrity, privilege) refuses the data itself.
-        return type(cause).__module__.split(".")[0] in ("psycopg", "sqlite3")
-    return not isinstance(exc, OSError)
 
 
 def _warn(message: str) -> None:
@@ -131,128 +100,6 @@ def _warn(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=2)
     except Exception:
         log.warning(message)
-
-
-class _Waiter:
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def resolve(self, error: BaseException | None) -> None:
-        """Settle the waiter; the first outcome wins."""
-        if not self.done.is_set():
-            self.error = error
-            self.done.set()
-
-
-class _Batch:
-    """Built records in write order, with the waiters to settle once they are written."""
-
-    __slots__ = ("data", "durable", "marks", "owned")
-
-    def __init__(
-        self,
-        data: SpoolBatch,
-        owned: dict[int, _Waiter] | None = None,
-        marks: list[_Waiter] | None = None,
-        durable: bool = False,
-    ) -> None:
-        self.data = data
-        #: The waiter of each record a durable caller waits on, by the record's id.
-        self.owned = owned or {}
-        self.marks = marks or []
-        self.durable = durable
-
-    @classmethod
-    def from_spool(cls, data: SpoolBatch) -> _Batch:
-        return cls(data, durable=True)
-
-    @classmethod
-    def single(cls, kind: str, record: Any, durable: bool) -> _Batch:
-        data = SpoolBatch()
-        data.add(kind, record)
-        return cls(data, durable=durable)
-
-    def units(self) -> Iterator[tuple[str, Any, _Waiter | None]]:
-        """(kind, record, waiter) in write order."""
-        owned = self.owned
-        data = self.data
-        for kind, records in (
-            ("b", data.blobs),
-            ("s", data.starts),
-            ("e", data.events),
-            ("x", data.ends),
-        ):
-            for record in records:
-                yield kind, record, owned.get(id(record))
-
-    def waiters(self) -> Iterator[_Waiter]:
-        yield from self.owned.values()
-        yield from self.marks
-
-    def resolve(self, error: BaseException | None) -> None:
-        for waiter in self.waiters():
-            waiter.resolve(error)
-
-
-class _Stalled(StoreError):
-    """A store call did not return within the writer's bound."""
-
-
-class _Committer:
-    """Runs store calls one at a time on its own thread, so a hung call never holds
-    the writer: the writer stops waiting after a bound and the call finishes (or
-    fails) on its own."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._job: tuple[Callable[[], Any], threading.Event, list[Any]] | None = None
-        self._stop = False
-        self.busy = False
-        self.started = 0.0
-        self.interrupted = -1.0
-        self._thread = threading.Thread(target=self._run, name="replayable-committer", daemon=True)
-        self._thread.start()
-
-    def call(
-        self, fn: Callable[[], Any], timeout: float, what: str
-    ) -> tuple[Any, Exception | None]:
-        """``(result, None)``, ``(None, error)``, or ``(None, _Stalled)`` after ``timeout``."""
-        if self.busy:
-            return None, _Stalled(f"{what}: the store is still busy with a call that stalled")
-        self.started = time.monotonic()
-        done = threading.Event()
-        box: list[Any] = [None, None]
-        with self._cond:
-            self.busy = True
-            self._job = (fn, done, box)
-            self._cond.notify()
-        if not done.wait(timeout):
-            return None, _Stalled(f"{what}: no answer within {timeout:.1f}s")
-        return box[0], box[1]
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._job is None and not self._stop:
-                    self._cond.wait()
-                if self._job is None:
-                    return
-                fn, done, box = self._job
-                self._job = None
-            try:
-                box[0] = fn()
-            except Exception as exc:
-                box[1] = exc
-            self.busy = False
-            done.set()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
 
 
 class Writer:
@@ -278,20 +125,20 @@ class Writer:
         self.max_block_s = 5.0
         self.on_store_failure: OnStoreFailure = "spool"
         self.spool_dir: Path | None = None
-        self._queue: collections.deque[tuple[int, Any, _Waiter | None]] = collections.deque()
+        self._queue: collections.deque[tuple[int, Any, Waiter | None]] = collections.deque()
         self._wake = threading.Event()
         self._closed = False
         self.last_error: BaseException | None = None
         # Outage state, touched only by the writer thread once it runs.
         self._spool: Spool | None = None
-        self._held: collections.deque[_Batch] = collections.deque()
+        self._held: collections.deque[Batch] = collections.deque()
         self._leftovers: list[Spool] = []
         self._down: StoreError | None = None
         self._backoff = _MIN_BACKOFF
         self._next_try = 0.0
         self._drained = threading.Event()
         self._drained.set()
-        self._committer = _Committer()
+        self._committer = Committer()
         self._pid = os.getpid()
         self.configure(
             max_block_s=max_block_s,
@@ -420,7 +267,7 @@ class Writer:
         return not self._drained.is_set()
 
     def _submit_and_wait(self, kind: int, item: Any, timeout: float | None = None) -> None:
-        waiter = _Waiter()
+        waiter = Waiter()
         self._queue.append((kind, item, waiter))
         self._wake.set()
         bound = self.max_block_s if timeout is None else timeout
@@ -457,7 +304,7 @@ class Writer:
         while queue:
             # Only this thread takes from the queue: what it counts is there.
             pop = queue.popleft
-            raw: list[tuple[int, Any, _Waiter | None]] = [
+            raw: list[tuple[int, Any, Waiter | None]] = [
                 pop() for _ in range(min(len(queue), self.batch_size))
             ]
             try:
@@ -488,7 +335,7 @@ class Writer:
         if data.starts or data.events or data.ends:
             self.store.append(data.starts, data.events, data.ends, durable=durable)
 
-    def _commit(self, batch: _Batch) -> Exception | None:
+    def _commit(self, batch: Batch) -> Exception | None:
         data = batch.data
         _, error = self._committer.call(
             lambda: self._store_write(data, batch.durable),
@@ -529,7 +376,7 @@ class Writer:
             except Exception as exc:
                 log.warning("replayable: could not interrupt %s: %s", self.store.url, exc)
 
-    def _persist(self, batch: _Batch) -> None:
+    def _persist(self, batch: Batch) -> None:
         if self._backlogged():
             self._hold(batch, self._down or StoreError(f"{self.store.url} is unavailable"))
             return
@@ -554,7 +401,7 @@ class Writer:
         self._next_try = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
 
-    def _hold(self, batch: _Batch, error: BaseException) -> None:
+    def _hold(self, batch: Batch, error: BaseException) -> None:
         """Keep a batch the store cannot take now: in the spool, else in memory."""
         if self._down is None:
             if isinstance(error, StoreError):
@@ -589,17 +436,17 @@ class Writer:
             batch.resolve(refusal)
         self._held.append(batch)
 
-    def _split(self, batch: _Batch, error: Exception) -> Exception | None:
+    def _split(self, batch: Batch, error: Exception) -> Exception | None:
         """Write a refused batch record by record; refuse only the records that fail.
 
         Returns a transient error if the store went away meanwhile (the caller
         then keeps the whole batch; what was written is recognised on retry).
         """
         refused: list[tuple[str, Any, Exception]] = []
-        outcomes: list[tuple[_Waiter | None, Exception | None]] = []
+        outcomes: list[tuple[Waiter | None, Exception | None]] = []
         only = len(batch.data) == 1
         for kind, record, waiter in batch.units():
-            single = _Batch.single(kind, record, batch.durable)
+            single = Batch.single(kind, record, batch.durable)
             err = error if only else self._commit(single)
             if err is not None and not is_permanent(err):
                 return err
@@ -697,7 +544,7 @@ class Writer:
         if item is None:
             return True
         data, offset = item
-        batch = _Batch.from_spool(data)
+        batch = Batch.from_spool(data)
         error = self._commit(batch)
         if error is not None and is_permanent(error):
             error = self._split(batch, error)
@@ -727,10 +574,10 @@ class Writer:
 
     # -- building -----------------------------------------------------------
 
-    def _build(self, raw: list[tuple[int, Any, _Waiter | None]]) -> _Batch:
+    def _build(self, raw: list[tuple[int, Any, Waiter | None]]) -> Batch:
         data = SpoolBatch()
-        owned: dict[int, _Waiter] = {}
-        marks: list[_Waiter] = []
+        owned: dict[int, Waiter] = {}
+        marks: list[Waiter] = []
         refused: list[tuple[str, Any, Exception]] = []
         durable = False
         # Chains advance only once the whole batch is built, so a batch put back
@@ -787,7 +634,7 @@ class Writer:
         linker.commit(chains, ended)
         if refused:
             self._report(refused)
-        return _Batch(data, owned, marks, durable)
+        return Batch(data, owned, marks, durable)
 
     def close(self) -> None:
         """Flush, give a pending spool a short chance to drain, and stop the thread.

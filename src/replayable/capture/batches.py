@@ -1,0 +1,177 @@
+"""A writer's batches, their waiters, and the thread that runs store calls with a bound.
+
+A :class:`Batch` holds built records in write order with the waiters to settle
+once they are written. A :class:`Committer` runs one store call at a time on
+its own thread, so the writer can stop waiting for a hung call after a bound.
+:func:`is_permanent` tells a refusal of the data (retrying cannot help) from
+an unavailable store.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from replayable.capture.spool import SpoolBatch
+from replayable.errors import (
+    AppendOnlyError,
+    ConfigurationError,
+    RunNotFoundError,
+    SchemaVersionError,
+    SerializationError,
+    StoreError,
+)
+
+__all__ = ["Batch", "Committer", "Stalled", "Waiter", "is_permanent"]
+
+_PERMANENT = (
+    AppendOnlyError,
+    SchemaVersionError,
+    RunNotFoundError,
+    ConfigurationError,
+    SerializationError,
+)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether a failed write would fail again however often it is retried.
+
+    Connection and availability failures are transient; refusals of the data
+    itself (a duplicate, a newer schema, a value the database cannot hold)
+    are permanent.
+    """
+    if isinstance(exc, _PERMANENT):
+        return True
+    if isinstance(exc, StoreError):
+        cause = exc.__cause__
+        if cause is None or isinstance(cause, OSError):
+            return False
+        if type(cause).__name__ in ("OperationalError", "InterfaceError"):
+            return False  # lost connection, timeout, locked database, shutdown
+        # Any other database error (data, integrity, privilege) refuses the data itself.
+        return type(cause).__module__.split(".")[0] in ("psycopg", "sqlite3")
+    return not isinstance(exc, OSError)
+
+
+class Waiter:
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def resolve(self, error: BaseException | None) -> None:
+        """Settle the waiter; the first outcome wins."""
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
+
+
+class Batch:
+    """Built records in write order, with the waiters to settle once they are written."""
+
+    __slots__ = ("data", "durable", "marks", "owned")
+
+    def __init__(
+        self,
+        data: SpoolBatch,
+        owned: dict[int, Waiter] | None = None,
+        marks: list[Waiter] | None = None,
+        durable: bool = False,
+    ) -> None:
+        self.data = data
+        #: The waiter of each record a durable caller waits on, by the record's id.
+        self.owned = owned or {}
+        self.marks = marks or []
+        self.durable = durable
+
+    @classmethod
+    def from_spool(cls, data: SpoolBatch) -> Batch:
+        return cls(data, durable=True)
+
+    @classmethod
+    def single(cls, kind: str, record: Any, durable: bool) -> Batch:
+        data = SpoolBatch()
+        data.add(kind, record)
+        return cls(data, durable=durable)
+
+    def units(self) -> Iterator[tuple[str, Any, Waiter | None]]:
+        """(kind, record, waiter) in write order."""
+        owned = self.owned
+        data = self.data
+        for kind, records in (
+            ("b", data.blobs),
+            ("s", data.starts),
+            ("e", data.events),
+            ("x", data.ends),
+        ):
+            for record in records:
+                yield kind, record, owned.get(id(record))
+
+    def waiters(self) -> Iterator[Waiter]:
+        yield from self.owned.values()
+        yield from self.marks
+
+    def resolve(self, error: BaseException | None) -> None:
+        for waiter in self.waiters():
+            waiter.resolve(error)
+
+
+class Stalled(StoreError):
+    """A store call did not return within the writer's bound."""
+
+
+class Committer:
+    """Runs store calls one at a time on its own thread, so a hung call never holds
+    the writer: the writer stops waiting after a bound and the call finishes (or
+    fails) on its own."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._job: tuple[Callable[[], Any], threading.Event, list[Any]] | None = None
+        self._stop = False
+        self.busy = False
+        self.started = 0.0
+        self.interrupted = -1.0
+        self._thread = threading.Thread(target=self._run, name="replayable-committer", daemon=True)
+        self._thread.start()
+
+    def call(
+        self, fn: Callable[[], Any], timeout: float, what: str
+    ) -> tuple[Any, Exception | None]:
+        """``(result, None)``, ``(None, error)``, or ``(None, Stalled)`` after ``timeout``."""
+        if self.busy:
+            return None, Stalled(f"{what}: the store is still busy with a call that stalled")
+        self.started = time.monotonic()
+        done = threading.Event()
+        box: list[Any] = [None, None]
+        with self._cond:
+            self.busy = True
+            self._job = (fn, done, box)
+            self._cond.notify()
+        if not done.wait(timeout):
+            return None, Stalled(f"{what}: no answer within {timeout:.1f}s")
+        return box[0], box[1]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None and not self._stop:
+                    self._cond.wait()
+                if self._job is None:
+                    return
+                fn, done, box = self._job
+                self._job = None
+            try:
+                box[0] = fn()
+            except Exception as exc:
+                box[1] = exc
+            self.busy = False
+            done.set()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
