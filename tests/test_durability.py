@@ -93,6 +93,17 @@ def recording_child(db: Path, durability: str, n: int) -> Iterator[Child]:
 
 
 def only_run(store: SQLiteStore) -> str:
+    """The one run in the store, once the writer process (which outlives the killed
+    agent and commits what it had received) has stopped adding to it."""
+    deadline = time.monotonic() + DEADLINE_S
+    last = -1
+    while time.monotonic() < deadline:
+        ids = list(store.iter_run_ids())
+        count = len(store.events(ids[0])) if len(ids) == 1 else -1
+        if count >= 0 and count == last:
+            return ids[0]
+        last = count
+        time.sleep(0.3)
     (run_id,) = list(store.iter_run_ids())
     return run_id
 

@@ -309,13 +309,13 @@ def test_a_failing_forwarder_hands_its_records_to_the_in_process_writer(
     process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug in the forwarding thread must not strand records: the store falls back."""
-    from replayable.capture import procwriter
+    from replayable.capture import channel
 
     def broken(self: object) -> None:
         raise RuntimeError("forwarder bug")
 
-    monkeypatch.setattr(procwriter._Channel, "_forward_loop", broken)
-    monkeypatch.setattr(procwriter, "_channel", None)  # a new channel, with the bug
+    monkeypatch.setattr(channel.Channel, "_forward_loop", broken)
+    monkeypatch.setattr(channel, "_channel", None)  # a new channel, with the bug
     store = replayable.open_store(f"sqlite:///{tmp_path}/b.db")
     try:
         with replayable.recording(store) as rec:

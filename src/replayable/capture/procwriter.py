@@ -26,18 +26,14 @@ always use the in-process writer.
 
 from __future__ import annotations
 
-import atexit
-import itertools
 import logging
 import os
-import subprocess
-import sys
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from replayable.capture.channel import current_channel
 from replayable.errors import StoreError
 from replayable.events.canonical import Redactor
 from replayable.events.codec import encode_request
@@ -55,236 +51,6 @@ log = logging.getLogger("replayable.writer")
 _ENCODER = msgspec.msgpack.Encoder()
 #: Records one store may have waiting for the forwarder before the hot path waits too.
 MAX_QUEUED = 65_536
-#: How often the forwarder sends what has accumulated (it is also woken by flushes).
-INTERVAL = 0.01
-
-
-class _Waiter:
-    """One request to the child; ``reply`` is its answer (for a flush, an error message)."""
-
-    __slots__ = ("done", "reply")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.reply: str | None = None
-
-    def resolve(self, reply: str | None) -> None:
-        if not self.done.is_set():
-            self.reply = reply
-            self.done.set()
-
-
-class _Channel:
-    """This process's writer process, and the two threads that talk to it."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.lock = threading.Lock()
-        self.writers: dict[int, ProcessWriter] = {}
-        self.waiters: dict[int, _Waiter] = {}
-        self._tickets = itertools.count(1)
-        self._sids = itertools.count(1)
-        self.wake = threading.Event()
-        self.dead: BaseException | None = None
-        self.closing = False
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replayable.capture._child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
-        _widen_pipe(self.proc.stdin)
-        self._forwarder = threading.Thread(
-            target=self._forward, name="replayable-forwarder", daemon=True
-        )
-        self._acks = threading.Thread(target=self._read_acks, name="replayable-acks", daemon=True)
-        self._forwarder.start()
-        self._acks.start()
-
-    def add(self, writer: ProcessWriter) -> int | None:
-        """Register a store's writer; ``None`` if the channel has died already."""
-        with self.lock:
-            if self.dead is not None:
-                return None
-            sid = next(self._sids)
-            self.writers[sid] = writer
-        return sid
-
-    def ticket(self) -> tuple[int, _Waiter]:
-        waiter = _Waiter()
-        with self.lock:
-            ticket = next(self._tickets)
-            if self.dead is None:
-                self.waiters[ticket] = waiter
-            else:
-                waiter.resolve(f"the writer process ended before confirming: {self.dead}")
-        return ticket, waiter
-
-    # -- threads ----------------------------------------------------------------------
-
-    def _forward(self) -> None:
-        # Whatever goes wrong here, the records must not be stranded: the stores fall
-        # back to in-process writers, which take what was not sent.
-        try:
-            self._forward_loop()
-        except Exception as exc:
-            log.exception("replayable: the forwarder to the writer process failed")
-            self._died(exc)
-
-    def _forward_loop(self) -> None:
-        pipe = self.proc.stdin
-        assert pipe is not None
-        while True:
-            self.wake.wait(INTERVAL)
-            self.wake.clear()
-            frames: list[bytes] = []
-            finished: list[int] = []
-            for sid, writer in list(self.writers.items()):
-                buf = writer._buf
-                n = len(buf)
-                if n:
-                    # Slice, then delete: hot paths append concurrently, and both
-                    # operations are atomic, so no record can fall between them.
-                    records = buf[:n]
-                    del buf[:n]
-                    # A msgpack array is its header followed by its items, already
-                    # encoded: the store's number, then its records.
-                    payload = (
-                        b"\xdd"
-                        + (n + 1).to_bytes(4, "big")
-                        + _ENCODER.encode(sid)
-                        + b"".join(records)
-                    )
-                    frames.append(len(payload).to_bytes(4, "little") + payload)
-                if writer._closing and not buf:
-                    finished.append(sid)
-            if frames:
-                try:
-                    pipe.write(b"".join(frames))
-                    pipe.flush()
-                except (OSError, ValueError) as exc:
-                    self._died(exc)
-                    return
-            if finished:
-                with self.lock:
-                    for sid in finished:
-                        self.writers.pop(sid, None)
-            if self.closing and not any(w._buf for w in self.writers.values()):
-                try:
-                    pipe.close()
-                except OSError:
-                    pass
-                return
-
-    def _read_acks(self) -> None:
-        try:
-            self._read_acks_loop()
-        except Exception as exc:
-            log.exception("replayable: reading the writer process's answers failed")
-            self._died(exc)
-        finally:
-            if self.dead is not None:
-                self._reap()
-
-    def _reap(self) -> None:
-        """Collect a child that has ended (or been told to), so it leaves no zombie."""
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def _read_acks_loop(self) -> None:
-        out = self.proc.stdout
-        assert out is not None
-        for line in out:
-            ticket_text, _, reply = line.decode().rstrip("\n").partition(" ")
-            with self.lock:
-                waiter = self.waiters.pop(int(ticket_text), None)
-            if waiter is not None:
-                waiter.resolve(reply or None)
-        if not self.closing:
-            self._died(EOFError("the writer process ended"))
-
-    def _died(self, exc: BaseException) -> None:
-        with self.lock:
-            if self.dead is not None:
-                return
-            self.dead = exc
-            waiters, self.waiters = self.waiters, {}
-            writers = list(self.writers.values())
-            self.writers = {}
-        log.warning("replayable: the writer process ended (%s); writing in-process", exc)
-        try:
-            # If it still runs, it commits what it was sent and exits; the in-process
-            # writers continue each run's chain from what it committed, so wait for it.
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            pass
-        # Fall back first: a waiter that wakes up confirms with the in-process writer.
-        for writer in writers:
-            writer._fall_back(exc)
-        for waiter in waiters.values():
-            waiter.resolve(f"the writer process ended before confirming: {exc}")
-
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Send what is left, let the child commit it and exit."""
-        self.closing = True
-        self.wake.set()
-        self._forwarder.join(timeout=timeout)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._acks.join(timeout=timeout)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
-def _widen_pipe(pipe: Any) -> None:
-    """Let the pipe hold a second of records (where Linux allows): a 64 KB pipe made
-    the forwarder and the child take turns every 64 KB, a context switch each."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-    except (ImportError, OSError, ValueError):
-        pass  # not Linux, or a lower limit: the default size works, only slower
-
-
-_channel: _Channel | None = None
-_channel_lock = threading.Lock()
-
-
-def _current_channel() -> _Channel:
-    global _channel
-    with _channel_lock:
-        if _channel is None or _channel.dead is not None or _channel.pid != os.getpid():
-            _channel = _Channel()
-        return _channel
-
-
-@atexit.register
-def _shutdown_channel() -> None:
-    # Registered before the writers' own exit hook, so it runs after their final flush.
-    channel = _channel
-    if channel is not None and channel.pid == os.getpid() and channel.dead is None:
-        channel.shutdown()
-
-
-def _forget_channel() -> None:
-    global _channel
-    _channel = None  # a forked child starts its own writer process when it needs one
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_channel)
 
 
 class ProcessWriter:
@@ -321,7 +87,7 @@ class ProcessWriter:
             "spool_dir": self.spool_dir,
         }
         self._buf.append(_ENCODER.encode(("o", config)))
-        self._channel = _current_channel()
+        self._channel = current_channel()
         sid = self._channel.add(self)
         if sid is None:  # it died between being found and being joined
             self._sid = 0
