@@ -30,6 +30,7 @@ from replayable.capture.writer import Writer
 from replayable.events.canonical import event_hash, fingerprint
 from replayable.events.model import Event, RunStart
 from replayable.store import MemoryStore
+from replayable.store.rows import event_to_row
 from replayable.store.sqlite import SQLiteStore
 
 TARGET_EVENTS_PER_S = 50_000
@@ -87,32 +88,6 @@ def record(store: Any, n: int) -> tuple[str, float, float]:
         t1 = time.perf_counter()
     t2 = time.perf_counter()
     return rec.run_ids[0], t1 - t0, t2 - t1
-
-
-def event_row(e: Event) -> tuple[Any, ...]:
-    """An event as the SQLite store writes it."""
-    return (
-        e.run_id,
-        e.seq,
-        e.kind,
-        e.name,
-        e.key,
-        e.parent,
-        e.call_site,
-        e.request,
-        e.fingerprint,
-        e.response,
-        e.encoding,
-        e.error,
-        int(e.side_effect),
-        e.started_at,
-        e.duration_ns,
-        orjson.dumps(e.metadata, option=orjson.OPT_SORT_KEYS).decode(),
-        e.chain_index,
-        e.prev_hash,
-        e.hash,
-        e.schema_version,
-    )
 
 
 def with_big_requests(events: Sequence[Event], request: bytes) -> list[Event]:
@@ -219,7 +194,7 @@ def run(cfg: Config) -> Section:
 
         # (b) store-level appends of those events, and the raw baselines.
         chunks = batches(events, size)
-        rows = [[event_row(e) for e in chunk] for chunk in chunks]
+        rows = [[event_to_row(e) for e in chunk] for chunk in chunks]
         ours, plain, same_schema = [], [], []
         for r in range(repeats):
             ours.append(append_rate(tmp / f"store-{r}.db", start, chunks))
@@ -230,7 +205,7 @@ def run(cfg: Config) -> Section:
         big_req = orjson.dumps({"request": payload_1kb()}, option=orjson.OPT_SORT_KEYS)
         big = with_big_requests(events[: n_store // 4], big_req)
         big_chunks = batches(big, size)
-        big_rows = [[event_row(e) for e in chunk] for chunk in big_chunks]
+        big_rows = [[event_to_row(e) for e in chunk] for chunk in big_chunks]
         ours_big, plain_big = [], []
         for r in range(repeats):
             ours_big.append(append_rate(tmp / f"store-big-{r}.db", start, big_chunks))

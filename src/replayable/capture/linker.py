@@ -9,7 +9,6 @@ again after a failure links the same way.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from hashlib import sha256
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -18,6 +17,8 @@ import orjson
 from replayable.events.canonical import (
     Redactor,
     canonical,
+    chain_hash,
+    fingerprint,
     genesis_hash,
     run_seal,
 )
@@ -27,8 +28,6 @@ from replayable.events.model import SCHEMA_VERSION, Event, RunEnd, RunStart
 if TYPE_CHECKING:
     from replayable.store.base import EventStore
 
-_dumps = orjson.dumps
-_SORT = orjson.OPT_SORT_KEYS
 
 __all__ = ["Chain", "Linker", "PendingEvent"]
 
@@ -70,7 +69,6 @@ class Linker:
         self.redactor = redactor
         self.chains: dict[str, Chain] = {}
         self.starts: dict[str, RunStart] = {}
-        self._prefixes: dict[tuple[str, str], bytes] = {}
 
     def commit(self, chains: dict[str, Chain], ended: Iterable[str]) -> None:
         """Adopt the chain heads of a committed batch; forget runs that ended."""
@@ -126,43 +124,35 @@ class Linker:
             response = resp.decode()
         request = req.decode()
         error = None if err is None else redactor.redact_bytes(err).decode()
-        # The fingerprint is sha256(kind NUL name NUL request), as ``fingerprint`` computes.
-        prefix = self._prefixes.get((kind, name))
-        if prefix is None:
-            prefix = self._prefixes[(kind, name)] = f"{kind}\x00{name}\x00".encode()
-        fp = sha256(prefix + req).hexdigest()
+        fp = fingerprint(kind, name, req)
         metadata = self._metadata(meta) if meta else {}
         encoding = "tagged" if tagged else "json"
-        chain = chains.get(run_id) or self.chain(run_id, chains)
+        chain = self.chain(run_id, chains)
         prev = chain.head
         index = chain.count
-        # As ``chain_hash`` computes it, inlined: this runs once per event.
-        digest = sha256(
-            prev.encode()
-            + _dumps(
-                (
-                    run_id,
-                    seq,
-                    index,
-                    kind,
-                    name,
-                    key,
-                    parent,
-                    call_site,
-                    request,
-                    fp,
-                    response,
-                    encoding,
-                    error,
-                    side_effect,
-                    started_at,
-                    duration_ns,
-                    metadata,
-                    SCHEMA_VERSION,
-                ),
-                option=_SORT,
-            )
-        ).hexdigest()
+        digest = chain_hash(
+            prev,
+            (
+                run_id,
+                seq,
+                index,
+                kind,
+                name,
+                key,
+                parent,
+                call_site,
+                request,
+                fp,
+                response,
+                encoding,
+                error,
+                side_effect,
+                started_at,
+                duration_ns,
+                metadata,
+                SCHEMA_VERSION,
+            ),
+        )
         chain.count = index + 1
         chain.head = digest
         return Event(

@@ -173,40 +173,51 @@ class RecordRun(RunContext):
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
-            call.started, call.t0 = started, t0
-            call.fail(exc)
+            self._opened(st, seq, key, req, kind, name, side_effect, meta, site, started, t0).fail(
+                exc
+            )
             raise
         finally:
             _STATE.reset(token)
-        if meta is not None:
-            call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
-            call.started, call.t0 = started, t0
-            if meta.get("awaitable") is None and inspect.isawaitable(result):
-                # A plain function that handed back an awaitable (SDK wrappers do):
-                # the call ends when the caller awaits it.
-                call.metadata["awaitable"] = True
-                return self._finish_awaitable(result, call)
-            call.finish(result)
-            return result
-        # The common case, inlined: no metadata, a value the codec can write.
-        try:
-            resp, tagged = encode_value(result)
-        except UnencodableError as exc:
-            err = serialization_error(f"the value returned by {kind} {name!r}", exc, seq, name)
-            self.emit(
-                seq, kind, name, key, st.parent, site, req, None, False, encode_error(err),
-                side_effect, started, _clock() - t0, None,
-            )  # fmt: skip
-            raise err from None
-        self.writer.event(
-            (
-                self.run_id, seq, kind, name, key, st.parent, site, req, resp, tagged, None,
-                side_effect, started, _clock() - t0, None,
-            ),
-            self.durable,
-        )  # fmt: skip
+        if meta is None:
+            # The common case (every @tool call) without a call object.
+            try:
+                resp, tagged = encode_value(result)
+            except UnencodableError:
+                pass  # the call object records the error and raises SerializationError
+            else:
+                self.emit(
+                    seq, kind, name, key, st.parent, site, req, resp, tagged, None,
+                    side_effect, started, _clock() - t0, None,
+                )  # fmt: skip
+                return result
+        call = self._opened(st, seq, key, req, kind, name, side_effect, meta, site, started, t0)
+        if meta is not None and meta.get("awaitable") is None and inspect.isawaitable(result):
+            # A plain function that handed back an awaitable (SDK wrappers do):
+            # the call ends when the caller awaits it.
+            call.metadata["awaitable"] = True
+            return self._finish_awaitable(result, call)
+        call.finish(result)
         return result
+
+    def _opened(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        req: bytes,
+        kind: str,
+        name: str,
+        side_effect: bool,
+        meta: dict[str, Any] | None,
+        site: str | None,
+        started: float,
+        t0: int,
+    ) -> RecordingCall:
+        """The call object of step ``seq``, whose real call began at ``started``."""
+        call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
+        call.started, call.t0 = started, t0
+        return call
 
     async def _finish_awaitable(self, awaitable: Awaitable[Any], call: RecordingCall) -> Any:
         token = _STATE.set(None)

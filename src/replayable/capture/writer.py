@@ -585,20 +585,7 @@ class Writer:
         chains: dict[str, Chain] = {}
         ended: list[str] = []
         linker = self._linker
-        link = linker.event
-        events = data.events
         for kind, item, waiter in raw:
-            if kind == _EVENT and waiter is None:
-                # The common case first: a buffered event.
-                try:
-                    events.append(link(item, chains))
-                except StoreError as exc:
-                    if not is_permanent(exc):
-                        raise  # looking up the run's chain: try the batch again later
-                    refused.append(("e", item, exc))
-                except Exception as exc:  # a record that cannot be built never will be
-                    refused.append(("e", item, exc))
-                continue
             durable = durable or waiter is not None
             if kind == _MARK:
                 if waiter is not None:
@@ -606,7 +593,7 @@ class Writer:
                 continue
             try:
                 if kind == _EVENT:
-                    record: Any = link(item, chains)
+                    record: Any = linker.event(item, chains)
                 elif kind == _START:
                     record = linker.start(item)
                 elif kind == _END:
@@ -614,14 +601,10 @@ class Writer:
                     ended.append(record.run_id)
                 else:
                     record = item
-            except StoreError as exc:
-                if not is_permanent(exc):
-                    raise
-                refused.append((_LETTER[kind], item, exc))
-                if waiter is not None:
-                    waiter.resolve(exc)
-                continue
-            except Exception as exc:  # a record that cannot be built never will be
+            except Exception as exc:
+                if isinstance(exc, StoreError) and not is_permanent(exc):
+                    raise  # the store is needed to build it: try the batch again later
+                # A record that cannot be built never will be.
                 refused.append((_LETTER[kind], item, exc))
                 if waiter is not None:
                     waiter.resolve(exc)

@@ -9,7 +9,7 @@ import orjson
 
 from replayable.events.model import Event, Run, RunEnd, RunStart
 
-__all__ = ["event_from_row", "run_from_row"]
+__all__ = ["event_from_row", "event_to_row", "run_from_row"]
 
 
 def run_from_row(row: Sequence[Any]) -> Run:
@@ -69,4 +69,30 @@ def event_from_row(r: Sequence[Any]) -> Event:
         prev_hash=r[17],
         hash=r[18],
         schema_version=r[19],
+    )
+
+
+def event_to_row(e: Event) -> tuple[Any, ...]:
+    """An event's columns in field order, as :func:`event_from_row` reads them."""
+    return (
+        e.run_id,
+        e.seq,
+        e.kind,
+        e.name,
+        e.key,
+        e.parent,
+        e.call_site,
+        e.request,
+        e.fingerprint,
+        e.response,
+        e.encoding,
+        e.error,
+        int(e.side_effect),
+        e.started_at,
+        e.duration_ns,
+        orjson.dumps(e.metadata, option=orjson.OPT_SORT_KEYS).decode(),
+        e.chain_index,
+        e.prev_hash,
+        e.hash,
+        e.schema_version,
     )

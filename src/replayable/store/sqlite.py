@@ -14,7 +14,7 @@ import orjson
 from replayable.errors import AppendOnlyError, RunNotFoundError, SchemaVersionError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store.base import EventStore, RunFilter, tag_value
-from replayable.store.rows import event_from_row, run_from_row
+from replayable.store.rows import event_from_row, event_to_row, run_from_row
 
 __all__ = ["SQLiteStore"]
 
@@ -239,31 +239,7 @@ class SQLiteStore(EventStore):
             for k, v in s.metadata.items()
             if not isinstance(v, (dict, list))
         ]
-        event_rows = [
-            (
-                e.run_id,
-                e.seq,
-                e.kind,
-                e.name,
-                e.key,
-                e.parent,
-                e.call_site,
-                e.request,
-                e.fingerprint,
-                e.response,
-                e.encoding,
-                e.error,
-                int(e.side_effect),
-                e.started_at,
-                e.duration_ns,
-                _dumps(e.metadata),
-                e.chain_index,
-                e.prev_hash,
-                e.hash,
-                e.schema_version,
-            )
-            for e in events
-        ]
+        event_rows = [event_to_row(e) for e in events]
         end_rows = [
             (
                 r.run_id,
