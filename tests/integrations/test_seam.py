@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import random
 import sys
+import threading
 from typing import Any
+from urllib.parse import parse_qsl
 
 import httpx
 import httpx2
+import openai
 import orjson
 import pytest
 
+import replayable
+from replayable.capture import deferred
+from replayable.events.codec import decode_value
 from replayable.integrations import _exchange, _sse
+from replayable.store import MemoryStore
+from replayable.store.verify import verify_run
+from tests.integrations.servers import FakeProvider
 
 # -- references -------------------------------------------------------------------
 
@@ -233,6 +242,22 @@ def test_prepare_keeps_the_same_headers_and_route(hx: Any) -> None:
     assert _exchange.prepare(versioned, versioned.content, hx.__name__).kind == "llm"
 
 
+@pytest.mark.parametrize("hx", [httpx, httpx2])
+@pytest.mark.parametrize(
+    "url",
+    ["https://h/v1/pa%20th/x?q=a%20b&r=", "https://h", "https://h/?", "https://h/a%3Fb?c=1"],
+)
+def test_prepare_reads_path_and_query_as_the_library_does(hx: Any, url: str) -> None:
+    """The path is decoded from the raw target (as ``url.path`` is) and the query kept raw."""
+    request = hx.Request("GET", url)
+    ex = _exchange.prepare(request, b"", hx.__name__)
+    assert ex.request["path"] == request.url.path
+    assert ex.request.get("query", []) == sorted(
+        parse_qsl(request.url.query.decode(), keep_blank_values=True)
+    )
+    assert ex.name == f"GET {request.url.path}"
+
+
 def test_headers_without_the_internal_list_are_read_the_same() -> None:
     class Plain:
         def __init__(self, pairs: list[tuple[bytes, bytes]]) -> None:
@@ -241,7 +266,10 @@ def test_headers_without_the_internal_list_are_read_the_same() -> None:
     request = httpx2.Request("GET", "https://h/x", headers=_headers())
     plain = Plain(request.headers.raw)
     assert _exchange._request_headers(plain) == _exchange._request_headers(request.headers)
-    assert _exchange.response_headers(plain) == _exchange.response_headers(request.headers)
+    assert _exchange.read_head(plain) == _exchange.read_head(request.headers)
+    items, content_type, should_retry = _exchange.read_head(request.headers)
+    assert ("content-type", "application/json") in _exchange.pairs(items)
+    assert (content_type, should_retry) == (b"application/json", None)
     assert _exchange._anthropic_agent(plain) is _exchange._anthropic_agent(request.headers) is True
 
 
@@ -251,3 +279,57 @@ def test_call_site_skips_sdk_frames_and_names_the_caller() -> None:
     for _ in range(2):  # the second time, the module's verdict comes from the cache
         site, line = sdk["request"](), sys._getframe().f_lineno
         assert site == f"{__file__}:{line} in test_call_site_skips_sdk_frames_and_names_the_caller"
+
+
+# -- events built by the writer ---------------------------------------------------
+
+
+@replayable.workflow
+def _one_chat(base_url: str) -> str:
+    with openai.OpenAI(base_url=base_url, api_key="sk-test-abcdefghijklmnopqrstuvwxyz0123") as c:
+        r = c.chat.completions.create(model="fake-1", messages=[{"role": "user", "content": "hi"}])
+        return r.choices[0].message.content or ""
+
+
+def test_http_events_are_built_by_the_writer_not_the_agent_thread(
+    provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parsing bodies and describing the LLM call happen in the writer, once per event."""
+    threads: list[int] = []
+    build = deferred._load("http")
+
+    def counted(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return build(*args)
+
+    monkeypatch.setitem(deferred._LOADED, "http", counted)
+    with replayable.recording(store) as rec:
+        assert _one_chat(provider.url + "/v1") == "Answer: hi"
+    assert len(threads) == 1
+    assert threads[0] != threading.get_ident()
+    (event,) = store.events(rec.run_ids[0])
+    assert event.metadata["output"]["content"] == "Answer: hi"
+    assert event.metadata["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_a_failing_builder_still_records_the_event(
+    provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a builder loses nothing: the raw parts are stored and the chain holds."""
+
+    def broken(*args: Any) -> Any:
+        raise ValueError("no such field")
+
+    monkeypatch.setitem(deferred._LOADED, "http", broken)
+    with replayable.recording(store) as rec:
+        assert _one_chat(provider.url + "/v1") == "Answer: hi"
+    run_id = rec.run_ids[0]
+    (event,) = store.events(run_id)
+    assert event.metadata["build_error"] == "http: ValueError: no such field"
+    assert (event.kind, event.name) == ("llm", "openai.chat.completions")
+    raw = decode_value(event.request, "tagged")["raw"]
+    assert raw[2:4] == ["POST", "/v1/chat/completions"]
+    assert "authorization" not in raw[5]  # secrets were dropped before the hand-off
+    assert b'"content":"hi"' in raw[6]
+    assert verify_run(store, run_id).ok
+    assert store.get_run(run_id).status == "completed"

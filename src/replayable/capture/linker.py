@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import orjson
 
+from replayable.capture.deferred import expand
 from replayable.events.canonical import (
     Redactor,
     canonical,
@@ -33,7 +34,9 @@ __all__ = ["Chain", "Linker", "PendingEvent"]
 
 #: What a boundary hands off: (run_id, seq, kind, name, key, parent, call_site,
 #: request bytes, response bytes | None, tagged, error bytes | None,
-#: side_effect, started_at, duration_ns, metadata | None)
+#: side_effect, started_at, duration_ns, metadata | None). A deferred event
+#: (see :mod:`~replayable.capture.deferred`) has its builder's name in place of
+#: ``tagged`` and raw parts in place of the request and response bytes.
 PendingEvent = tuple[
     str,
     int,
@@ -42,9 +45,9 @@ PendingEvent = tuple[
     "str | None",
     "int | None",
     "str | None",
-    bytes,
-    "bytes | None",
-    bool,
+    Any,
+    Any,
+    "bool | str",
     "bytes | None",
     bool,
     float,
@@ -111,6 +114,8 @@ class Linker:
             duration_ns,
             meta,
         ) = p
+        if tagged.__class__ is str:  # raw parts, for the builder ``tagged`` names
+            req, resp, tagged, meta = expand(tagged, kind, name, req, resp, meta)
         redactor = self.redactor
         if resp is None:
             if redactor.needs_redaction(req):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from replayable.capture.context import _STATE, State
 from replayable.capture.procwriter import ProcessWriter
 from replayable.capture.runtime import (
+    DeferredRequest,
     OpenCall,
     RunContext,
     WorkflowInfo,
@@ -30,6 +31,7 @@ _clock = time.perf_counter_ns
 class RecordingCall(OpenCall):
     __slots__ = (
         "_done",
+        "builder",
         "key",
         "kind",
         "metadata",
@@ -50,13 +52,16 @@ class RecordingCall(OpenCall):
         st: State,
         kind: str,
         name: str,
-        req: bytes,
+        req: Any,
         side_effect: bool,
         meta: dict[str, Any] | None,
         site: str | None,
         position: tuple[int, str] | None = None,
+        builder: str | None = None,
     ) -> None:
+        # ``req`` is the encoded request, or with a ``builder`` its raw parts.
         self.run, self.kind, self.name, self.req = run, kind, name, req
+        self.builder = builder
         self.seq, self.key = position or (run.next_seq(), st.lineage.next_key())
         self.parent = st.parent
         self.side_effect, self.site = side_effect, site
@@ -87,9 +92,23 @@ class RecordingCall(OpenCall):
         self._done = True
         if meta:
             self.metadata.update(meta)
-        self._emit(None, False, encode_error(exc))
+        self._emit(None, self.builder or False, encode_error(exc))
 
-    def _emit(self, resp: bytes | None, tagged: bool, err: bytes | None) -> None:
+    @property
+    def deferred(self) -> bool:  # type: ignore[override]
+        return self.builder is not None
+
+    def finish_deferred(self, raw: Any, meta: Mapping[str, Any] | None = None) -> None:
+        if self._done:
+            return
+        if self.builder is None:
+            raise RuntimeError(f"{self.kind} {self.name!r} was not begun deferred")
+        self._done = True
+        if meta:
+            self.metadata.update(meta)
+        self._emit(raw, self.builder, None)
+
+    def _emit(self, resp: Any, tagged: bool | str, err: bytes | None) -> None:
         self.run.emit(
             self.seq,
             self.kind,
@@ -293,9 +312,9 @@ class RecordRun(RunContext):
         key: str | None,
         parent: int | None,
         site: str | None,
-        req: bytes,
-        resp: bytes | None,
-        tagged: bool,
+        req: Any,
+        resp: Any,
+        tagged: bool | str,
         err: bytes | None,
         side_effect: bool,
         started: float,
@@ -339,6 +358,12 @@ class RecordRun(RunContext):
         except UnencodableError as exc:
             raise serialization_error(f"the request of {name!r}", exc, None, name) from None
         return RecordingCall(self, st, kind, name, req, side_effect, meta, site)
+
+    def begin_deferred(self, st: State, request: DeferredRequest, site: str | None) -> OpenCall:
+        return RecordingCall(
+            self, st, request.kind, request.name, request.raw, False, None, site,
+            builder=request.builder,
+        )  # fmt: skip
 
     def span(self, st: State, name: str, attrs: Mapping[str, Any]) -> int | None:
         seq = next(self._seq)

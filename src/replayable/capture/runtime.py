@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from replayable.capture.context import State
 from replayable.errors import SerializationError
@@ -26,6 +26,7 @@ from replayable.events.codec import (
 from replayable.events.ids import uuid7
 
 __all__ = [
+    "DeferredRequest",
     "OpenCall",
     "RunContext",
     "Session",
@@ -152,6 +153,14 @@ class RunContext(ABC):
         ``value()`` returns (or raises) what was recorded.
         """
 
+    def begin_deferred(self, st: State, request: DeferredRequest, site: str | None) -> OpenCall:
+        """:meth:`begin` for a request handed over raw. A recording run leaves building
+        the event to its writer (the call is ``deferred``); every other run builds the
+        request here, as it must match it at once."""
+        return self.begin(
+            st, request.kind, request.name, request.request, False, request.meta, site
+        )
+
 
 class Session(ABC):
     """A recording or a replay: decides what a top-level workflow call does."""
@@ -171,6 +180,9 @@ class OpenCall:
     """A boundary call in progress (see :meth:`RunContext.begin`)."""
 
     live: bool = True
+    #: Begun with :meth:`RunContext.begin_deferred` by a run whose writer builds the
+    #: event: end it with :meth:`finish_deferred` and the raw outcome.
+    deferred: bool = False
     seq: int = 0
     metadata: dict[str, Any]
 
@@ -183,6 +195,32 @@ class OpenCall:
 
     def fail(self, exc: BaseException, meta: Mapping[str, Any] | None = None) -> None:
         """Record that a live call raised."""
+
+    def finish_deferred(self, raw: Any, meta: Mapping[str, Any] | None = None) -> None:
+        """Record the raw outcome of a deferred call; the writer's builder makes the value."""
+        raise RuntimeError("only a deferred call takes a raw outcome")
+
+
+class DeferredRequest(Protocol):
+    """A request whose recorded form is built later (see :meth:`RunContext.begin_deferred`).
+
+    ``raw`` holds plain values (bytes, strings, numbers, lists, dicts) that can
+    cross to the writer process; ``builder`` names the function in
+    :mod:`replayable.capture.deferred` that builds the event from them.
+    ``request`` and ``meta`` build the same values here, for the runs that
+    must match the request at once.
+    """
+
+    kind: str
+    name: str
+    raw: Any
+    builder: str
+
+    @property
+    def request(self) -> Any: ...
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
 
 
 def intercept_http() -> None:

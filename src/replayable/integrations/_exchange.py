@@ -1,11 +1,14 @@
 """What the HTTP seam records of one request and its buffered response.
 
-This runs on every SDK call, in the agent's thread, so each call costs one
-pass over each header list, one JSON parse of each body and dictionary
-lookups for the rest: a header name is decoded and classified once per
-distinct name, a route (method and path) once per distinct route, and the
-call-site walk decides once per module whether its frames belong to the
-HTTP and SDK stacks.
+Two halves. :func:`prepare` and :func:`read_head` run on every SDK call, in
+the agent's thread, and take only what must be read from the live objects:
+one pass over each header list (a header name is decoded and classified
+once per distinct name), a cached route per method and path, and the raw
+bytes of each body. :func:`build_request` and :func:`build_buffered` turn
+those raw parts into what is recorded (the bodies parsed, an LLM call
+described); recording, the writer runs them (see
+:mod:`~replayable.integrations._build`), so parsing and describing cost the
+agent nothing; replaying, the seam runs them to match the request at once.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import functools
 import sys
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 import orjson
 
@@ -24,12 +27,15 @@ __all__ = [
     "DROPPED_HEADERS",
     "STREAM_DROP",
     "Exchange",
+    "RawRequest",
     "body_value",
-    "buffered",
+    "build_buffered",
+    "build_request",
     "call_site",
     "is_stream",
+    "pairs",
     "prepare",
-    "response_headers",
+    "read_head",
     "retryable",
 ]
 
@@ -62,7 +68,7 @@ _DROPPED_PREFIXES = ("x-stainless-", "x-datadog-", "sentry-")
 BUFFERED_DROP = frozenset({"content-encoding", "content-length", "transfer-encoding", "set-cookie"})
 #: Response headers left out of a streamed response (its body is stored as received).
 STREAM_DROP = frozenset({"set-cookie"})
-_STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/jsonl")
+_STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson", b"application/jsonl")
 _RETRY_STATUS = frozenset({408, 409, 429})
 _FOREIGN = (
     "httpx",
@@ -82,15 +88,6 @@ _FOREIGN = (
 )
 #: Bounds for the per-name caches (a client inventing header names cannot grow them).
 _MAX_CACHED = 4096
-
-
-class Exchange:
-    """A request as the seam records it: its boundary, request value and metadata."""
-
-    __slots__ = ("kind", "meta", "name", "request")
-
-    def __init__(self, kind: str, name: str, request: dict[str, Any], meta: dict[str, Any]) -> None:
-        self.kind, self.name, self.request, self.meta = kind, name, request, meta
 
 
 # -- headers --------------------------------------------------------------------
@@ -160,17 +157,16 @@ def _anthropic_agent(headers: Any) -> bool:
     return "anthropic" in agent.lower()
 
 
-def response_headers(headers: Any) -> list[tuple[str, str]]:
-    """``(lower-cased name, value)`` of each response header, in order."""
-    names = _NAMES
-    return [
-        (names.get(key) or _name(key), raw.decode("latin-1")) for _, key, raw in _items(headers)
-    ]
-
-
 # -- requests -------------------------------------------------------------------
 
-_route = functools.lru_cache(maxsize=1024)(_wire.classify)
+
+def _classify(method: str, raw_path: bytes, anthropic: bool) -> tuple[str, str, str | None, str]:
+    """``(kind, name, provider, path)`` of a request, its path percent-decoded as httpx does."""
+    path = unquote(raw_path.decode("ascii")) if raw_path else "/"
+    return (*_wire.classify(method, path, anthropic), path)
+
+
+_route = functools.lru_cache(maxsize=1024)(_classify)
 
 
 def body_value(content_type: str, body: bytes) -> tuple[str, Any]:
@@ -188,30 +184,78 @@ def body_value(content_type: str, body: bytes) -> tuple[str, Any]:
         return "content", body
 
 
+#: A request as the agent's thread takes it: ``(transport, host, method, path,
+#: query, headers, body, provider)``, plain values that cross to the writer as they are.
+RawRequest = tuple[str, str, str, str, bytes, dict[str, str], bytes, "str | None"]
+
+
+class Exchange:
+    """One request: its boundary (``kind``, ``name``) and its raw parts.
+
+    What is recorded of it (the request value and its metadata) is built from
+    the raw parts by :func:`build_request`: by the writer when recording (the
+    event is handed off as ``DEFERRED`` and expanded by :func:`expand`), here
+    when replaying or forking, where the request must be matched at once.
+    """
+
+    __slots__ = ("_built", "kind", "name", "raw")
+
+    #: The writer builds the event with ``replayable.integrations._build.expand``.
+    builder = "http"
+
+    def __init__(self, kind: str, name: str, raw: RawRequest) -> None:
+        self.kind, self.name, self.raw = kind, name, raw
+        self._built: tuple[dict[str, Any], dict[str, Any]] | None = None
+
+    def _build(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        if self._built is None:
+            self._built = build_request(self.kind, self.name, self.raw)
+        return self._built
+
+    @property
+    def request(self) -> dict[str, Any]:
+        """The recorded request: method, path, query, kept headers and the body."""
+        return self._build()[0]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The request's metadata: host, transport, and for an LLM call its model and messages."""
+        return dict(self._build()[1])
+
+
 def prepare(request: Any, body: bytes, transport: str) -> Exchange:
-    """The recorded form of an outgoing request (auth and volatile headers left out)."""
+    """An outgoing request as the seam records it (auth and volatile headers left out).
+
+    Only what must be read from the live request is taken here: parsing the
+    body and describing an LLM call wait for :func:`build_request`.
+    """
     url = request.url
     method: str = request.method
-    path: str = url.path
+    raw_path, _, query = url.raw_path.partition(b"?")
     headers = _request_headers(request.headers)
     # Anthropic's wire format is told apart by its headers, and only on a POST to .../messages.
     anthropic = (
         method == "POST"
-        and path.endswith("/messages")
+        and raw_path.endswith(b"/messages")
         and ("anthropic-version" in headers or _anthropic_agent(request.headers))
     )
-    kind, name, provider = _route(method, path, anthropic)
+    kind, name, provider, path = _route(method, raw_path, anthropic)
+    return Exchange(kind, name, (transport, url.host, method, path, query, headers, body, provider))
+
+
+def build_request(kind: str, name: str, raw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The recorded request value and its metadata, from :attr:`Exchange.raw`."""
+    transport, host, method, path, query, headers, body, provider = raw
     field, value = body_value(headers.get("content-type", ""), body)
     req: dict[str, Any] = {"method": method, "path": path}
-    query: bytes = url.query
     if query:
         req["query"] = sorted(parse_qsl(query.decode(), keep_blank_values=True))
     req["headers"] = headers
     req[field] = value
-    meta: dict[str, Any] = {"host": url.host, "transport": transport}
+    meta: dict[str, Any] = {"host": host, "transport": transport}
     if kind == "llm":
         meta.update(_wire.describe_request(name, provider, value))
-    return Exchange(kind, name, req, meta)
+    return req, meta
 
 
 #: Module name -> whether its frames belong to the HTTP, SDK or seam stacks.
@@ -239,30 +283,50 @@ def call_site() -> str | None:
 # -- responses ------------------------------------------------------------------
 
 
-def is_stream(headers: dict[str, str]) -> bool:
+def read_head(headers: Any) -> tuple[list[tuple[bytes, bytes, bytes]], bytes, bytes | None]:
+    """A live response's headers as the library keeps them (copied: the record is built
+    later), with the two the agent's thread needs now: the content type, which tells a
+    stream, and ``x-should-retry``, which tells a retry (the last of each, as ``dict``
+    would keep)."""
+    items = list(_items(headers))
+    ctype = b""
+    should = None
+    for _, key, value in items:
+        if key == b"content-type":
+            ctype = value
+        elif key == b"x-should-retry":
+            should = value
+    return items, ctype, should
+
+
+def is_stream(content_type: bytes) -> bool:
     """Whether a response is a stream recorded chunk by chunk (server-sent events, JSON lines)."""
-    return headers.get("content-type", "").startswith(_STREAM_TYPES)
+    return content_type.startswith(_STREAM_TYPES)
 
 
-def retryable(status: int, headers: dict[str, str]) -> bool:
+def retryable(status: int, should_retry: bytes | None) -> bool:
     """Whether an SDK would retry this response (``x-should-retry`` decides when present)."""
-    should = headers.get("x-should-retry")
-    if should is not None:
-        return should == "true"
+    if should_retry is not None:
+        return should_retry == b"true"
     return status in _RETRY_STATUS or status >= 500
 
 
-def buffered(
-    ex: Exchange,
-    status: int,
-    pairs: list[tuple[str, str]],
-    headers: dict[str, str],
-    body: bytes,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The recorded value of a read response and its metadata (usage, output, status)."""
-    kept = [[k, v] for k, v in pairs if k not in BUFFERED_DROP]
-    field, parsed = body_value(headers.get("content-type", ""), body)
+def pairs(items: Any) -> list[tuple[str, str]]:
+    """``(lower-cased name, value)`` of each header in a :func:`read_head` list, in order."""
+    names = _NAMES
+    return [(names.get(key) or _name(key), raw.decode("latin-1")) for _, key, raw in items]
+
+
+def build_buffered(kind: str, name: str, raw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The recorded value of a read response and its metadata (usage, output, status).
+
+    ``raw`` is ``("b", status, header items, body)``.
+    """
+    _, status, items, body = raw
+    got = pairs(items)
+    kept = [[k, v] for k, v in got if k not in BUFFERED_DROP]
+    field, parsed = body_value(dict(got).get("content-type", ""), body)
     value = {"status": status, "headers": kept, field: parsed}
-    meta = _wire.describe_response(ex.name, parsed) if field == "body" and ex.kind == "llm" else {}
+    meta = _wire.describe_response(name, parsed) if field == "body" and kind == "llm" else {}
     meta["status"] = status
     return value, meta

@@ -27,13 +27,13 @@ import orjson
 
 from replayable.capture.context import State
 from replayable.capture.runtime import OpenCall
+from replayable.integrations._build import finish
 from replayable.integrations._exchange import (
     Exchange,
-    buffered,
     call_site,
     is_stream,
     prepare,
-    response_headers,
+    read_head,
     retryable,
 )
 from replayable.integrations._streams import StreamRecord, recording_streams, replay_streams
@@ -43,7 +43,7 @@ __all__ = ["SCOPE", "Exchange", "Flavor", "RetryScope", "flavor"]
 
 def begin(st: State, ex: Exchange) -> OpenCall:
     assert st.run is not None
-    return st.run.begin(st, ex.kind, ex.name, ex.request, False, ex.meta, call_site())
+    return st.run.begin_deferred(st, ex, call_site())
 
 
 # -- retries --------------------------------------------------------------------
@@ -59,11 +59,11 @@ class RetryScope:
     and the SDK's backoff does not sleep.
     """
 
-    __slots__ = ("attempts", "call", "earlier", "held", "request")
+    __slots__ = ("attempts", "call", "earlier", "ex", "held")
 
     def __init__(self) -> None:
         self.call: OpenCall | None = None
-        self.request: dict[str, Any] | None = None
+        self.ex: Exchange | None = None
         self.attempts = 0
         self.held: tuple[Any, BaseException | None, dict[str, Any]] | None = None
         self.earlier: list[Any] = []
@@ -75,7 +75,7 @@ class RetryScope:
 
     def attach(self, st: State, ex: Exchange) -> OpenCall:
         """The call for this attempt: the scope's own when it repeats the same request."""
-        if self.call is not None and self.request == ex.request:
+        if self.call is not None and self.ex is not None and self.ex.raw == ex.raw:
             self.attempts += 1
             if self.held is not None:
                 value, exc, _ = self.held
@@ -83,7 +83,7 @@ class RetryScope:
                 self.held = None
             return self.call
         self.close()
-        self.call, self.request, self.attempts, self.earlier = begin(st, ex), ex.request, 1, []
+        self.call, self.ex, self.attempts, self.earlier = begin(st, ex), ex, 1, []
         return self.call
 
     def annotate(self, meta: dict[str, Any]) -> dict[str, Any]:
@@ -95,19 +95,16 @@ class RetryScope:
     def close(self) -> None:
         """Record the held outcome, if any (the SDK did not retry it)."""
         held, self.held = self.held, None
-        if held is None or self.call is None:
+        if held is None or self.call is None or self.ex is None:
             return
-        value, exc, meta = held
-        if exc is not None:
-            self.call.fail(exc, self.annotate(meta))
-        else:
-            self.call.finish(value, self.annotate(meta))
+        raw, exc, meta = held
+        finish(self.call, self.ex, raw, exc, self.annotate(meta))
 
 
-def _summary(value: Any, exc: BaseException | None) -> Any:
+def _summary(raw: Any, exc: BaseException | None) -> Any:
     if exc is not None:
         return {"error": type(exc).__name__, "message": str(exc)}
-    return {"status": value["status"]}
+    return {"status": raw[1]}
 
 
 SCOPE: contextvars.ContextVar[RetryScope | None] = contextvars.ContextVar(
@@ -118,20 +115,19 @@ SCOPE: contextvars.ContextVar[RetryScope | None] = contextvars.ContextVar(
 def _settle(
     call: OpenCall,
     scope: RetryScope | None,
-    value: Any,
+    ex: Exchange,
+    raw: Any,
     exc: BaseException | None,
-    meta: dict[str, Any],
     held: bool,
 ) -> None:
+    """End ``call`` with a raw response or an error, unless the SDK may retry it."""
+    meta: dict[str, Any] = {}
     if scope is not None and held:
-        scope.held = (value, exc, meta)
+        scope.held = (raw, exc, meta)
         return
     if scope is not None:
         scope.annotate(meta)
-    if exc is not None:
-        call.fail(exc, meta)
-    else:
-        call.finish(value, meta)
+    finish(call, ex, raw, exc, meta)
 
 
 def _error_request(exc: BaseException, request: Any) -> BaseException:
@@ -173,23 +169,22 @@ class Flavor:
         try:
             resp = send(request)
         except BaseException as exc:
-            _settle(call, scope, None, exc, {}, isinstance(exc, self.transport_error))
+            _settle(call, scope, ex, None, exc, isinstance(exc, self.transport_error))
             raise
-        pairs = response_headers(resp.headers)
-        headers = dict(pairs)
+        items, content_type, should_retry = read_head(resp.headers)
         status: int = resp.status_code
-        if is_stream(headers):
+        if is_stream(content_type):
             resp.stream = self.recording_stream(
-                resp.stream, StreamRecord(call, scope, ex, status, pairs)
+                resp.stream, StreamRecord(call, scope, ex, status, items)
             )
             return resp
         try:
             content = resp.read()
         except BaseException as exc:
-            _settle(call, scope, None, exc, {}, isinstance(exc, self.transport_error))
+            _settle(call, scope, ex, None, exc, isinstance(exc, self.transport_error))
             raise
-        value, meta = buffered(ex, status, pairs, headers, content)
-        _settle(call, scope, value, None, meta, retryable(status, headers))
+        raw = ("b", status, items, content)
+        _settle(call, scope, ex, raw, None, retryable(status, should_retry))
         return resp
 
     def served(self, call: OpenCall, request: Any) -> Any:
@@ -221,23 +216,22 @@ class Flavor:
         try:
             resp = await send(request)
         except BaseException as exc:
-            _settle(call, scope, None, exc, {}, isinstance(exc, self.transport_error))
+            _settle(call, scope, ex, None, exc, isinstance(exc, self.transport_error))
             raise
-        pairs = response_headers(resp.headers)
-        headers = dict(pairs)
-        status = resp.status_code
-        if is_stream(headers):
+        items, content_type, should_retry = read_head(resp.headers)
+        status: int = resp.status_code
+        if is_stream(content_type):
             resp.stream = self.async_recording_stream(
-                resp.stream, StreamRecord(call, scope, ex, status, pairs)
+                resp.stream, StreamRecord(call, scope, ex, status, items)
             )
             return resp
         try:
             content = await resp.aread()
         except BaseException as exc:
-            _settle(call, scope, None, exc, {}, isinstance(exc, self.transport_error))
+            _settle(call, scope, ex, None, exc, isinstance(exc, self.transport_error))
             raise
-        value, meta = buffered(ex, status, pairs, headers, content)
-        _settle(call, scope, value, None, meta, retryable(status, headers))
+        raw = ("b", status, items, content)
+        _settle(call, scope, ex, raw, None, retryable(status, should_retry))
         return resp
 
     def aserved(self, call: OpenCall, request: Any) -> Any:

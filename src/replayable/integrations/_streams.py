@@ -1,8 +1,9 @@
 """Streamed response bodies: recorded chunk by chunk live, served chunk by chunk on replay.
 
-Recording, each chunk costs two list appends (its bytes and the clock);
-everything else (the chunk table, decoding, parsing the server-sent events,
-the assembled response) is done once, when the response is closed.
+Recording, each chunk costs two list appends (its bytes and the clock). When
+the response is closed the chunks are handed off as they are; the chunk
+table, decoding, parsing the server-sent events and the assembled response
+are built by the writer (see :mod:`~replayable.integrations._build`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import orjson
 
 from replayable.errors import ReplayError
 from replayable.events.codec import decode_error, encode_error
-from replayable.integrations import _wire
-from replayable.integrations._exchange import STREAM_DROP, Exchange
-from replayable.integrations._sse import read_sse
+from replayable.integrations._build import finish
+from replayable.integrations._exchange import Exchange
 
 if TYPE_CHECKING:
     from replayable.capture.runtime import OpenCall
@@ -36,7 +36,7 @@ class StreamRecord:
         "done",
         "error",
         "ex",
-        "headers",
+        "items",
         "marks",
         "parts",
         "scope",
@@ -50,11 +50,11 @@ class StreamRecord:
         scope: RetryScope | None,
         ex: Exchange,
         status: int,
-        pairs: list[tuple[str, str]],
+        items: list[tuple[bytes, bytes, bytes]],
     ) -> None:
         self.call, self.scope, self.ex = call, scope, ex
         self.status = status
-        self.headers = [[k, v] for k, v in pairs if k not in STREAM_DROP]
+        self.items = items
         self.parts: list[bytes] = []
         self.marks: list[int] = []
         self.error: BaseException | None = None
@@ -66,41 +66,12 @@ class StreamRecord:
         if self.done:
             return
         self.done = True
-        raw = b"".join(self.parts)
-        encoded = any(k == "content-encoding" for k, _ in self.headers)
-        data: str | bytes = raw
-        if not encoded:
-            try:
-                data = raw.decode()
-            except UnicodeDecodeError:
-                pass
-        t0 = self.t0
-        chunks = [[len(p), (m - t0) // 1000] for p, m in zip(self.parts, self.marks, strict=True)]
-        assembled, finished = (
-            (None, False) if encoded or self.ex.kind != "llm" else read_sse(self.ex.name, raw)
-        )
-        # Complete: the provider's final event arrived (SDKs close right after it)
-        # or the body ended. ``exhausted``: the body itself was read to its end.
-        complete = self.complete or finished
-        stream: dict[str, Any] = {
-            "data": data,
-            "chunks": chunks,
-            "complete": complete,
-            "exhausted": self.complete,
-        }
-        if self.error is not None:
-            stream["error"] = orjson.loads(encode_error(self.error))
-        value = {
-            "status": self.status,
-            "headers": self.headers,
-            "stream": stream,
-            "assembled": assembled,
-        }
-        meta = _wire.describe_response(self.ex.name, assembled) if self.ex.kind == "llm" else {}
-        meta.update(status=self.status, stream=True, chunks=len(chunks), complete=complete)
+        error = None if self.error is None else encode_error(self.error)
+        raw = ("s", self.status, self.items, self.parts, self.marks, self.t0, self.complete, error)
+        meta: dict[str, Any] = {}
         if self.scope is not None:
             self.scope.annotate(meta)
-        self.call.finish(value, meta)
+        finish(self.call, self.ex, raw, None, meta)
 
 
 def replay_chunks(stream: dict[str, Any]) -> Iterator[bytes]:

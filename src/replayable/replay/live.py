@@ -21,7 +21,7 @@ from replayable.capture.config import settings
 from replayable.capture.context import State
 from replayable.capture.record import RecordingCall, RecordRun
 from replayable.capture.recording import Recording
-from replayable.capture.runtime import OpenCall, WorkflowInfo
+from replayable.capture.runtime import OpenCall, RunContext, WorkflowInfo
 from replayable.events.canonical import fingerprint
 from replayable.events.codec import encode_value
 from replayable.events.model import Event, Run
@@ -326,6 +326,10 @@ class LiveReplayRun(RecordRun):
                 (d.seq, d.key),
             )
         return _Answered(self._answer_outcome(st, d, kind, name, side_effect, site), d.seq)
+
+    # Each call of a fork is decided (served, overridden or live) on its request,
+    # so a deferred request is built here rather than by the writer.
+    begin_deferred = RunContext.begin_deferred
 
     def _answer_outcome(
         self, st: State, d: _Decision, kind: str, name: str, side_effect: bool, site: str | None
