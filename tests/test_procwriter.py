@@ -15,6 +15,7 @@ import pytest
 
 import replayable
 from replayable.capture.config import settings
+from replayable.capture.context import active_state
 from replayable.capture.procwriter import ProcessWriter
 from replayable.capture.writer import writer_for
 from tests import agents_replay as agents
@@ -229,6 +230,43 @@ def test_a_child_far_behind_makes_the_agent_wait_and_loses_nothing(
         assert all(n >= 64 for n in waits)
         assert [e.seq for e in store.events(rec.run_ids[0])] == list(range(1, 3001))
         assert replayable.verify_run(store, rec.run_ids[0]).ok
+    finally:
+        store.close()
+
+
+def test_a_store_with_many_records_waiting_wakes_the_forwarder_early(
+    process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WAKE_AT records waiting are sent at once, not at the forwarder's next round."""
+    from replayable.capture import channel, procwriter
+
+    monkeypatch.setattr(channel, "INTERVAL", 60.0)
+    monkeypatch.setattr(procwriter, "WAKE_AT", 16)
+    store = replayable.open_store(f"sqlite:///{tmp_path}/w.db")
+    seen: list[int] = []
+
+    @replayable.workflow("early")
+    def early(n: int) -> int:
+        for i in range(n):
+            agents.fetch(f"u{i}")
+        st = active_state()
+        assert st is not None
+        assert st.run is not None
+        # Buffered records, no flush: only an early wake can have sent them.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            seen.append(len(store.events(st.run.run_id)))
+            if seen[-1] >= 16:
+                break
+            time.sleep(0.01)
+        return n
+
+    try:
+        writer_for(store).flush()  # the forwarder now waits with the 60 s interval
+        with replayable.recording(store):
+            early(40)
+        assert seen, "the workflow ran"
+        assert seen[-1] >= 16, seen
     finally:
         store.close()
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from replayable.capture.channel import current_channel
+from replayable.capture.channel import WAKE_AT, current_channel
 from replayable.errors import StoreError
 from replayable.events.canonical import Redactor
 from replayable.events.codec import encode_request
@@ -109,8 +109,12 @@ class ProcessWriter:
             data = _ENCODER.encode(("e", _plain(pending)))
         buf = self._buf
         buf.append(data)
-        if len(buf) >= MAX_QUEUED:
-            self._backpressure()
+        n = len(buf)
+        if n >= WAKE_AT or n >= MAX_QUEUED:
+            if n >= MAX_QUEUED:
+                self._backpressure()
+            elif not self._channel.wake.is_set():
+                self._channel.wake.set()
 
     def start(self, start: RunStart, durable: bool = False) -> None:
         self._put(_ENCODER.encode(("s", start)), durable)
