@@ -146,6 +146,12 @@ def replay_agent(base_url: str, n: int) -> int:
     return n
 
 
+def _paired(seam: list[float], plain: list[float]) -> float:
+    """Median of the differences between each recorded batch and the plain batch
+    beside it (the two of a pair ran back to back, so slow drift cancels)."""
+    return statistics.median(s - p for s, p in zip(seam, plain, strict=True))
+
+
 def run(cfg: Config) -> Section:
     sec = Section("http", "http: OpenAI SDK through the HTTP seam vs the same call without it")
     batch = cfg.pick(20, 10)
@@ -175,13 +181,15 @@ def run(cfg: Config) -> Section:
     stream_plain, stream_seam = med(raw["stream_plain"]), med(raw["stream_seam"])
     call_over = call_seam - call_plain
     chunk_over = (stream_seam - stream_plain) / CHUNKS
+    call_paired = _paired(raw["call_seam"], raw["call_plain"])
+    chunk_paired = _paired(raw["stream_seam"], raw["stream_plain"]) / CHUNKS
     call_cpu = med(raw["call_seam_cpu"]) - med(raw["call_plain_cpu"])
     chunk_cpu = (med(raw["stream_seam_cpu"]) - med(raw["stream_plain_cpu"])) / CHUNKS
     replay_call = med(replays)
 
     sec.row("chat call, plain", us(call_plain), f"median of {samples} batches of {batch}")
     sec.row("chat call, recorded", us(call_seam), f"ratio {call_seam / call_plain:.3f}")
-    sec.row("seam overhead per call", us(call_over))
+    sec.row("seam overhead per call", us(call_over), f"paired {us(call_paired)}")
     sec.row("  agent-thread CPU of it", us(call_cpu), "thread time, same batches")
     sec.row(f"{CHUNKS}-chunk stream, plain", us(stream_plain), f"median of {stream_samples}")
     sec.row(
@@ -189,7 +197,7 @@ def run(cfg: Config) -> Section:
         us(stream_seam),
         f"ratio {stream_seam / stream_plain:.3f}",
     )
-    sec.row("seam overhead per chunk", us(chunk_over))
+    sec.row("seam overhead per chunk", us(chunk_over), f"paired {us(chunk_paired)}")
     sec.row("  agent-thread CPU of it", us(chunk_cpu), "thread time, same batches")
     sec.row(
         "replayed call",
