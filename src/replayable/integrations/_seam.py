@@ -41,9 +41,9 @@ from replayable.integrations._streams import StreamRecord, recording_streams, re
 __all__ = ["SCOPE", "Exchange", "Flavor", "RetryScope", "flavor"]
 
 
-def begin(st: State, ex: Exchange) -> OpenCall:
+def begin(st: State, ex: Exchange, site: str | None = None) -> OpenCall:
     assert st.run is not None
-    return st.run.begin_deferred(st, ex, call_site())
+    return st.run.begin_deferred(st, ex, site if site is not None else call_site())
 
 
 # -- retries --------------------------------------------------------------------
@@ -59,9 +59,12 @@ class RetryScope:
     and the SDK's backoff does not sleep.
     """
 
-    __slots__ = ("attempts", "call", "earlier", "ex", "held")
+    __slots__ = ("attempts", "call", "earlier", "ex", "held", "site")
 
-    def __init__(self) -> None:
+    def __init__(self, site: str | None = None) -> None:
+        # The caller of the SDK, found from the SDK's entry (a few frames up, not
+        # the dozens between the caller and the transport).
+        self.site = site
         self.call: OpenCall | None = None
         self.ex: Exchange | None = None
         self.attempts = 0
@@ -83,7 +86,7 @@ class RetryScope:
                 self.held = None
             return self.call
         self.close()
-        self.call, self.ex, self.attempts, self.earlier = begin(st, ex), ex, 1, []
+        self.call, self.ex, self.attempts, self.earlier = begin(st, ex, self.site), ex, 1, []
         return self.call
 
     def annotate(self, meta: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replayable.capture.context import active_state
+from replayable.integrations._exchange import call_site
 from replayable.integrations._seam import SCOPE, RetryScope, flavor
 
 __all__ = [
@@ -186,7 +187,7 @@ def _patch_stainless(base_client: Any) -> None:
         def request(self: Any, *args: Any, **kwargs: Any) -> Any:
             if active_state() is None:
                 return orig(self, *args, **kwargs)
-            scope = RetryScope()
+            scope = RetryScope(call_site())
             token = SCOPE.set(scope)
             try:
                 return orig(self, *args, **kwargs)
@@ -201,7 +202,7 @@ def _patch_stainless(base_client: Any) -> None:
         async def request(self: Any, *args: Any, **kwargs: Any) -> Any:
             if active_state() is None:
                 return await orig(self, *args, **kwargs)
-            scope = RetryScope()
+            scope = RetryScope(call_site())
             token = SCOPE.set(scope)
             try:
                 return await orig(self, *args, **kwargs)
