@@ -403,3 +403,41 @@ def test_runs_in_progress_keep_one_chain_across_the_fall_back(
         assert replayable.verify_run(store, run_id).ok
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("nice", [0, 7])
+def test_the_writer_process_runs_at_lower_priority(tmp_path: Path, nice: int) -> None:
+    """The writer process lowers its priority by ``writer_nice`` (default 10)."""
+    script = textwrap.dedent(
+        f"""
+        import os, replayable
+        from replayable.capture import channel
+        replayable.configure(writer="process", writer_nice={nice})
+        store = replayable.open_store("sqlite:///{tmp_path}/n.db")
+        with replayable.recording(store):
+            pass
+        child = channel.current_channel().proc.pid
+        print(os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, child))
+        store.close()
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    ours, child = map(int, out.stdout.split())
+    assert child == min(19, ours + nice)
+
+
+def test_writer_nice_is_checked() -> None:
+    """A value out of range is refused, naming where it came from; nothing changes."""
+    before = settings.writer_nice
+    for bad in (25, -1, "high"):
+        with pytest.raises(replayable.ConfigurationError, match="writer_nice must be"):
+            replayable.configure(writer_nice=bad)  # type: ignore[arg-type]
+    assert settings.writer_nice == before
+    env = dict(os.environ, REPLAYABLE_WRITER_NICE="x")
+    out = subprocess.run(
+        [sys.executable, "-c", "import replayable"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert "$REPLAYABLE_WRITER_NICE must be a whole number from 0 to 19, not 'x'" in out.stderr

@@ -4,7 +4,13 @@ fingerprinting, so replay still matches when only a secret changed."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
+import random
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +18,11 @@ import orjson
 import pytest
 
 import replayable
-from replayable.events.canonical import REDACTED
+from replayable.events.canonical import REDACTED, Redactor, canonical
 from replayable.store.sqlite import SQLiteStore
+
+#: The module itself (``replayable.events.canonical`` the attribute is the function).
+canonical_module = importlib.import_module("replayable.events.canonical")
 
 API_KEY = "sk-proj-Q7w8E9r0T1y2U3i4O5p6"
 OTHER_KEY = "sk-proj-Z9x8C7v6B5n4M3l2K1j0"
@@ -227,41 +236,290 @@ def test_headers_as_pairs_redacted(sqlite_store: SQLiteStore, sqlite_path: Path)
         assert secret.encode() not in data
 
 
-def test_prefilter_decides_as_the_full_scans_do() -> None:
+@pytest.fixture
+def re2_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """re2 scans every payload and checks every string, however short (left to ``re``
+    below a size where it is faster), so that the comparisons below exercise it."""
+    monkeypatch.setattr(canonical_module, "_RE2_MIN_PAYLOAD", 0)
+    monkeypatch.setattr(canonical_module, "_TEXT_HINT_MIN", 0)
+
+
+def pure_re(monkeypatch: pytest.MonkeyPatch, *args: Any, **kwargs: Any) -> Redactor:
+    """A redactor built as if re2 were not installed: every scan runs on ``re``."""
+    with monkeypatch.context() as m:
+        m.setattr(canonical_module, "_re2", None)
+        return Redactor(*args, **kwargs)
+
+
+#: Words the randomized payloads are made of: secret names, secret values, near misses,
+#: fragments that overlap ("akiauthor", "passk-"), and text ``re`` reads as Unicode.
+WORDS = [
+    "prompt_tokens", "total_tokens", "api_key", "API-KEY", "x-api-key", "Authorization",
+    "password", "passwd", "client_secret", "private_key", "private key", "cookie",
+    "Set-Cookie", "session_token", "keyboard", "monkey", "passage", "secretary",
+    "sk-", "ask-", "task-1", "sk-proj-Abcdefghijklmnop1234", "ghp_" + "a" * 24,
+    "xoxb-1234567890ab", "AKIAABCDEFGHIJKLMNOP", "Bearer abc.def.ghi", "bearer",
+    "-----BEGIN RSA PRIVATE KEY-----", "github_pat_" + "b" * 22, "akia", "tokenize",
+    "weather", "Paris", "usage", "content", "role", "assistant", "", " ", "-", "_",
+    "risk-level", "task-", "xsk-sk-Abcdefghijklmnop1234", "_sk-Abcdefghijklmnop1234",
+    "BEARER abcdefghij", "Bearer\tabcdefghij", "SK-PROJ-ABCDEFGHIJKLMNOP", "xoxz-1234567890",
+    "AKIAABCDEFGHIJKLMNO", "AKIAABCDEFGHIJKLMNOPQ", "-----BEGIN PRIVATE KEY-----",
+    "ghs_short", "gho_" + "c" * 30, "github_pat", "sk-ant-" + "d" * 20, "9ghp_" + "e" * 22,
+    "akiauthor", "akiakia", "passk-Abcdefghijklmnop1234", "secretoken", "xoxox",
+    "é", "ésk-proj-Abcdefghijklmnop1234", "naïve", "—", "\n", "\t", "\x0b", "\x85",
+    "\u00a0", "\u2003", "Bearer\u00a0abcdefghij", "Bearer\x0babcdefghij", "Bearer\u2003abcdefghij",
+    "ſk-proj-Abcdefghijklmnop1234", "\u212aey", "\u0130", "clé", "пароль", "ключ",
+    "AKIAABCDEFGHIJKLMNOPé", "sk-proj-Abcdefghijklmnop1234é", '"', "\\", ":", ",",
+    "weather in paris tomorrow will be mild with light rain in the morning",
+    "acct-123456", "tok 0123abcd", "tok\x0b0123abcd", "pin=1234", "pin=12", "secret-aa",
+    "end-marker", "INTERNAL-abc", "zz", "azz",
+]  # fmt: skip
+#: Raw bytes for payloads that are not canonical JSON: key names followed by the spaces
+#: ``re`` and re2 read differently, Latin-1 letters, bytes that are not UTF-8, a final
+#: newline (where ``$`` matches for ``re`` only).
+RAW = [
+    b'"api_key":', b'"API_KEY"\x0b:', b'"password" \t,', b'"cl\xc3\xa9":', b'"CL\xc3\xa9":',
+    b'"CL\xe3\xa9":',  # "clé" with its first byte in the other case, read as Latin-1
+    b'"akiauthor"\x0c:', b"Bearer\x0babcdefghij", b"Bearer\xa0abcdefghij", b"\xe9sk-proj-",
+    b"\xff", b"\xa0", b"\x85", b"\x00", b"\xc3", b'"', b":", b",", b" ", b"end-marker\n",
+]  # fmt: skip
+#: User patterns: some re2 takes, some it reads differently or lacks (those stay on ``re``).
+USER_PATTERNS = [
+    r"(acct)-\d{6}",  # re2
+    r"tok\s+[0-9a-f]{8}",  # re2, with \s spelt out
+    r"pin=(?=\d{4})\d+",  # lookahead: re
+    r"end-marker$",  # $: re
+    r"(?i:internal)-[a-z]{3,}",  # flags: re
+    r"\Bzz\b",  # \B: re
+]
+EXTRA_KEYS = ["private key", "monkey", "akiauthor"]
+#: Text that makes a payload long enough for the re2 scans.
+FILLER = "the weather in paris tomorrow will be mild with light rain. " * 12
+
+
+def random_text(rng: random.Random, words: list[str], n: int) -> str:
+    return "".join(rng.choice(words) for _ in range(rng.randint(0, n)))
+
+
+def random_tree(rng: random.Random, words: list[str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for _ in range(rng.randint(1, 5)):
+        key = random_text(rng, words, 2) or "k"
+        value: Any = random_text(rng, words, 4)
+        if rng.random() < 0.2:
+            value = [key, value]
+        elif rng.random() < 0.2:
+            value = {"content": value * rng.randint(1, 4), "n": rng.randint(0, 9)}
+        tree[key if rng.random() < 0.8 else key.upper()] = value
+    return tree
+
+
+def random_payloads(seed: int, count: int) -> list[bytes]:
+    """Canonical JSON of random trees, and as many raw byte strings."""
+    rng = random.Random(seed)
+    payloads = []
+    for _ in range(count):
+        payloads.append(orjson.dumps(random_tree(rng, WORDS), option=orjson.OPT_SORT_KEYS))
+        first = rng.choice(WORDS).encode() if rng.random() < 0.6 else rng.choice(RAW)
+        second = rng.choice([*RAW, *(w.encode() for w in WORDS)])
+        payloads.append((first + second) * 2)
+    return payloads
+
+
+@pytest.mark.usefixtures("re2_everywhere")
+def test_prefilter_decides_as_the_full_scans_do(monkeypatch: pytest.MonkeyPatch) -> None:
     """The one-pass pre-filter only skips scans that could not match: on random payloads
-    mixing secret names, secret values and near misses it agrees with the full scans."""
-    import random
-
-    from replayable.events.canonical import Redactor
-
-    fast = Redactor(extra_keys=["private key", "monkey"])
-    full = Redactor(extra_keys=["private key", "monkey"])
+    mixing secret names, secret values and near misses it agrees with the full scans
+    (``re`` alone, as without re2) and with the re2 scans."""
+    fast = pure_re(monkeypatch, extra_keys=EXTRA_KEYS)
+    full = pure_re(monkeypatch, extra_keys=EXTRA_KEYS)
+    with_re2 = Redactor(extra_keys=EXTRA_KEYS)
     assert fast._prefilter is not None
+    assert with_re2._re2_scans is not None
     full._prefilter = None
-    words = [
-        "prompt_tokens", "total_tokens", "api_key", "API-KEY", "x-api-key", "Authorization",
-        "password", "passwd", "client_secret", "private_key", "private key", "cookie",
-        "Set-Cookie", "session_token", "keyboard", "monkey", "passage", "secretary",
-        "sk-", "ask-", "task-1", "sk-proj-Abcdefghijklmnop1234", "ghp_" + "a" * 24,
-        "xoxb-1234567890ab", "AKIAABCDEFGHIJKLMNOP", "Bearer abc.def.ghi", "bearer",
-        "-----BEGIN RSA PRIVATE KEY-----", "github_pat_" + "b" * 22, "akia", "tokenize",
-        "weather", "Paris", "usage", "content", "role", "assistant", "", " ", "-", "_",
-        "risk-level", "task-", "xsk-sk-Abcdefghijklmnop1234", "_sk-Abcdefghijklmnop1234",
-        "BEARER abcdefghij", "Bearer\tabcdefghij", "SK-PROJ-ABCDEFGHIJKLMNOP", "xoxz-1234567890",
-        "AKIAABCDEFGHIJKLMNO", "AKIAABCDEFGHIJKLMNOPQ", "-----BEGIN PRIVATE KEY-----",
-        "ghs_short", "gho_" + "c" * 30, "github_pat", "sk-ant-" + "d" * 20, "9ghp_" + "e" * 22,
-    ]  # fmt: skip
-    rng = random.Random(7)
     disagreements = []
-    for _ in range(6000):
-        tree: dict[str, object] = {}
-        for _ in range(rng.randint(1, 5)):
-            key = "".join(rng.choice(words) for _ in range(rng.randint(1, 2)))
-            value = "".join(rng.choice(words) for _ in range(rng.randint(0, 3)))
-            tree[key if rng.random() < 0.8 else key.upper()] = (
-                [key, value] if rng.random() < 0.2 else value
-            )
-        payload = orjson.dumps(tree, option=orjson.OPT_SORT_KEYS)
-        if fast.needs_redaction(payload) != full.needs_redaction(payload):
+    for payload in random_payloads(7, 4000):
+        expected = full.needs_redaction(payload)
+        if {fast.needs_redaction(payload), with_re2.needs_redaction(payload)} != {expected}:
             disagreements.append(payload)
     assert disagreements == []
+
+
+@pytest.mark.parametrize(
+    ("keys", "patterns"),
+    [
+        pytest.param({}, {}, id="defaults"),
+        pytest.param({"extra_keys": EXTRA_KEYS}, {}, id="extra-keys"),
+        pytest.param({"extra_keys": ["clé", "пароль"]}, {}, id="non-ascii-keys"),
+        pytest.param({}, {"extra_patterns": USER_PATTERNS}, id="user-patterns"),
+        # A backreference names its group by number, which in the one alternation ``re``
+        # scans may be another pattern's group: then no value pattern goes to re2.
+        pytest.param(
+            {}, {"extra_patterns": [*USER_PATTERNS, r"secret-(\w)\1"]}, id="backreference"
+        ),
+        pytest.param(
+            {"keys": ["token"]}, {"value_patterns": [r"\bsk-\w{8,}", r"Bearer\s+\S+"]}, id="own"
+        ),
+        pytest.param({"keys": []}, {"value_patterns": []}, id="nothing"),
+    ],
+)
+@pytest.mark.usefixtures("re2_everywhere")
+def test_re2_scans_decide_and_redact_as_re_does(
+    monkeypatch: pytest.MonkeyPatch, keys: dict[str, Any], patterns: dict[str, Any]
+) -> None:
+    """The re2 scans are a faster spelling of the ``re`` ones: on random payloads (Unicode
+    text, raw bytes, secrets against word characters, escapes and other fragments) a
+    redactor with re2 decides and redacts exactly as one with ``re`` alone."""
+    with_re2 = Redactor(**keys, **patterns)
+    plain = pure_re(monkeypatch, **keys, **patterns)
+    assert plain._re2_scans is None
+    assert plain._text_hint is None
+    payloads = random_payloads(11, 1500)
+    decided = [with_re2.needs_redaction(p) for p in payloads]
+    assert decided == [plain.needs_redaction(p) for p in payloads]
+    assert any(decided) == bool(with_re2.keys or with_re2.patterns)
+    for payload in payloads[::2]:  # the canonical JSON ones
+        assert with_re2.redact_bytes(payload) == plain.redact_bytes(payload), payload
+    rng = random.Random(5)
+    for _ in range(300):
+        # Strings with and without the defaults' literal text, some with lone surrogates
+        # (which an environment can hold), straight to the tree walk and the mapping.
+        tree = random_tree(rng, [*WORDS, "\ud800", "x" * 40])
+        assert with_re2(tree) == plain(tree)
+        env = {k: v for k, v in tree.items() if isinstance(v, str)}
+        assert with_re2.redact_mapping(env) == plain.redact_mapping(env)
+
+
+def test_re2_reads_accepted_patterns_as_re_does() -> None:
+    """Every pattern handed to re2 matches the same bytes as under ``re``: random patterns
+    over the syntax where the two engines differ (``\\s``, ``$``, ``\\B``, ``{,n}``, nested
+    classes, flags, lookarounds …), each accepted one tried on random bytes."""
+    atoms = [
+        "a", "A", "_", "-", " ", "\t", "\n", "\x0b", ".", r"\s", r"\S", r"\d", r"\W", r"\b",
+        r"\B", r"\A", r"\x41", r"\xe9", r"\-", r"\\", r"\]", "]", "}", "{", "^", "$", r"\v",
+        "[ab]", "[^ab]", "[a-c]", r"[\s]", r"[^\s]", r"[\S]", "[-a]", "[a-c-e]", "[]a]",
+        r"[\x00-\x7f]", r"[^\W]", r"[\b]", "é", "(?i)a", "(?i:a)", "(?=a)", "(?<!a)", r"(a)\1",
+        "x{,2}", "x{2}", "x{1,3}", "x{2,}", "(?s:.)", r"\Z", r"\0",
+    ]  # fmt: skip
+    repeats = ["", "", "", "*", "+", "?", "*?", "??", "{2}", "{0,}", "*+", "{,2}"]
+    alphabet = [bytes([b]) for b in b"aAb_- \t\n\x0b\x0c\r.1]}{[\\^$#\x00\xe9\xc3\x80"]
+    rng = random.Random(3)
+    accepted = 0
+    for _ in range(6000):
+        pattern = "".join(rng.choice(atoms) + rng.choice(repeats) for _ in range(rng.randint(1, 4)))
+        if rng.random() < 0.2:
+            pattern = f"({pattern})|{rng.choice(atoms)}"
+        try:
+            by_re = re.compile(pattern.encode())
+        except re.error:
+            continue
+        spelt = canonical_module._re2_syntax(pattern)
+        by_re2 = None if spelt is None else canonical_module._re2_compile(spelt.encode())
+        if by_re2 is None:
+            continue
+        accepted += 1
+        for _ in range(20):
+            text = b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+            text += b"\n" if rng.random() < 0.3 else b""
+            assert (by_re.search(text) is None) == (by_re2.search(text) is None), (pattern, text)
+    assert accepted > 500
+
+
+def test_user_pattern_with_lookahead_falls_back_to_re() -> None:
+    """A pattern re2 cannot read (a lookahead) is still applied, by ``re``; re2 keeps the
+    key names and the other patterns. The payloads are long enough for re2 to scan them."""
+    lookahead = r"pin=(?=\d{4}\b)\d+"
+    redactor = Redactor(extra_patterns=[lookahead, r"acct-\d{6}"])
+    assert canonical_module._re2_syntax(lookahead) is None
+    scans = redactor._re2_scans
+    assert scans is not None
+    scan, _, rest = scans
+    assert rest is not None
+    assert rest.pattern == f"(?:{lookahead})".encode()
+    assert scan is not None
+    assert b"acct-" in scan.pattern
+    for text, redacted in [
+        ("use pin=1234 now", f"use {REDACTED} now"),
+        ("pin=12345 stays", "pin=12345 stays"),
+        ("acct-123456 and pin=9876", f"{REDACTED} and {REDACTED}"),
+    ]:
+        payload = canonical({"history": FILLER, "note": text})
+        assert len(payload) >= canonical_module._RE2_MIN_PAYLOAD
+        assert redactor.needs_redaction(payload) == (text != redacted)
+        assert orjson.loads(redactor.redact_bytes(payload)) == {"history": FILLER, "note": redacted}
+
+
+@pytest.fixture
+def lookahead_configured() -> Iterator[str]:
+    pattern = r"pin=(?=\d{4}\b)\d+"
+    replayable.configure(redact_patterns=[pattern])
+    yield pattern
+    replayable.configure(redact_keys=(), redact_patterns=())
+
+
+def test_configured_lookahead_pattern_redacts_recordings(
+    lookahead_configured: str, sqlite_store: SQLiteStore, sqlite_path: Path
+) -> None:
+    """``configure(redact_patterns=...)`` with a lookahead redacts what is recorded."""
+
+    @replayable.workflow
+    def login() -> dict[str, Any]:
+        return call_api(f"my pin=4821 please; {FILLER}", api_key="none", headers={})
+
+    with replayable.recording(sqlite_store) as rec:
+        login()
+    (event,) = sqlite_store.events(rec.run_ids[0])
+    assert event.request_value()["query"] == f"my {REDACTED} please; {FILLER}"
+    sqlite_store.close()
+    assert b"4821" not in database_bytes(sqlite_path)
+
+
+@pytest.mark.slow
+def test_redaction_without_re2() -> None:
+    """Without re2 installed every scan runs on ``re``, and secrets are still redacted."""
+    script = """
+import sys
+sys.modules["re2"] = None  # the import fails as when the package is missing
+from replayable.events import canonical as _
+from replayable.events.canonical import Redactor, _re2, canonical
+assert _re2 is None
+r = Redactor()
+assert r._re2_scans is None and r._prefilter is not None
+payload = canonical({"note": "key sk-proj-Q7w8E9r0T1y2U3i4O5p6", "password": "x"})
+print(r.redact_bytes(payload).decode())
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert orjson.loads(out.stdout) == {"note": f"key {REDACTED}", "password": REDACTED}
+
+
+SECRETS_AFTER_ESCAPES = [
+    "sk-proj-Q7w8E9r0T1y2U3i4O5p6",
+    "ghp_" + "Z" * 24,
+    "xoxb-1234567890ab",
+    "AKIAQWERTYUIOPASDFGH",
+    "Bearer abcdefgh.ijkl",
+]
+
+
+@pytest.mark.parametrize("escape", ["\n", "\t", "\r", "\b", "\f", "\x01", "\x1f"])
+@pytest.mark.parametrize("engine", ["re", "re2"])
+@pytest.mark.parametrize("filler", ["", FILLER], ids=["short", "long"])
+def test_a_secret_right_after_a_json_escape_is_redacted(
+    monkeypatch: pytest.MonkeyPatch, escape: str, engine: str, filler: str
+) -> None:
+    """In serialized JSON a newline is the two bytes ``\\n``: the ``n`` stands right before
+    the secret, yet in the text the secret starts a word and must be redacted."""
+    redactor = pure_re(monkeypatch) if engine == "re" else Redactor()
+    if engine == "re2":
+        assert redactor._re2_scans is not None
+    for secret in SECRETS_AFTER_ESCAPES:
+        payload = canonical({"content": f"{filler}my key:{escape}{secret} thanks"})
+        assert redactor.needs_redaction(payload), (secret, payload[-60:])
+        stored = redactor.redact_bytes(payload)
+        assert secret.encode() not in stored
+        assert orjson.loads(stored)["content"].endswith(f"my key:{escape}[REDACTED] thanks")
+    # An escaped backslash followed by a letter is text, not an escape: nothing to redact.
+    quiet = canonical({"content": f"{filler}path C:\\new\\nsk-proj-Q7w8E9r0T1y2U3i4O5p6"})
+    assert redactor.redact_bytes(quiet) == quiet

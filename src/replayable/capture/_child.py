@@ -20,6 +20,7 @@ writer spools until it answers.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from typing import Any
 
@@ -83,7 +84,20 @@ def _open(config: dict[str, Any]) -> tuple[Writer, _LazyStore]:
     return writer, store
 
 
+def _lower_priority(argv: list[str]) -> None:
+    """Apply ``--nice N``: the agent's work comes before the records' on a busy machine."""
+    if "--nice" not in argv or not hasattr(os, "nice"):
+        return
+    try:
+        nice = int(argv[argv.index("--nice") + 1])
+        if nice > 0:
+            os.nice(nice)
+    except (IndexError, ValueError, OSError):
+        pass  # an unknown value, or not permitted: run at the agent's priority
+
+
 def main() -> int:
+    _lower_priority(sys.argv)
     # Everything imported so far lives as long as the process: keep it out of the
     # collector's way, and collect less often, since records in flight are many
     # short-lived containers that are never part of a cycle.

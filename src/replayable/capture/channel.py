@@ -67,8 +67,11 @@ class Channel:
         self.dead: BaseException | None = None
         self.closing = False
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        from replayable.capture.config import settings
+
+        nice = str(settings.writer_nice)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replayable.capture._child"],
+            [sys.executable, "-m", "replayable.capture._child", "--nice", nice],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
