@@ -248,6 +248,23 @@ def test_retried_batch_is_idempotent(owner: PostgresStore) -> None:
         owner.append([], events[:2])
 
 
+def test_a_batch_with_the_same_keys_but_other_content_is_refused(owner: PostgresStore) -> None:
+    """Only the very same batch is skipped as a retry: other content under the same keys
+    (so another hash) is refused, and what is stored stays as it was."""
+    rid = new_id(1)
+    events = make_events(rid, 3)
+    owner.append([make_start(rid)], durable=True)
+    owner.append([], events, durable=True)
+    owner.append([], events, durable=True)  # the same batch again: a retry, skipped
+    changed = [
+        msgspec.structs.replace(events[0], response='{"other":1}', hash="0" * 64),
+        *events[1:],
+    ]
+    with pytest.raises(AppendOnlyError):
+        owner.append([], changed, durable=True)
+    assert owner.events(rid) == events
+
+
 def test_buffered_and_durable_both_visible_to_other_connections(
     pg: PgServer, owner: PostgresStore
 ) -> None:
