@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -290,3 +291,25 @@ def test_boundaries_inside_a_boundary_are_not_recorded(store):
         assert nested() == 4
     assert [e.name for e in store.events(rec.run_ids[0])] == ["outer"]
     assert replayable.replay(rec.run_ids[0], store=store, fn=nested).status == "identical"
+
+
+def test_package_versions_read_as_importlib_reads_them(tmp_path: Path) -> None:
+    """The quick read of each METADATA file gives the names and versions of every
+    installed distribution exactly as ``importlib.metadata`` does, and defers to it for
+    a header it does not read plainly."""
+    import importlib.metadata
+
+    from replayable.capture import environment
+
+    for dist in importlib.metadata.distributions():
+        assert environment._name_version(dist) == (dist.name, dist.version)
+    for text in (
+        "Metadata-Version: 2.1\nName: long\n  name\nVersion: 1.0\n\nbody",
+        "Metadata-Version: 2.1\nSummary: no name here\n",
+        "",
+    ):
+        info = tmp_path / f"d{len(text)}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(text)
+        dist = importlib.metadata.PathDistribution(info)
+        assert environment._name_version(dist) == (dist.name, dist.version)

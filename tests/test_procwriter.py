@@ -436,8 +436,7 @@ def test_writer_nice_is_checked() -> None:
             replayable.configure(writer_nice=bad)  # type: ignore[arg-type]
     assert settings.writer_nice == before
     env = dict(os.environ, REPLAYABLE_WRITER_NICE="x")
-    out = subprocess.run(
-        [sys.executable, "-c", "import replayable"], env=env, capture_output=True, text=True
-    )
+    script = "import replayable\nwith replayable.recording('memory://'):\n    pass\n"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert out.returncode != 0
     assert "$REPLAYABLE_WRITER_NICE must be a whole number from 0 to 19, not 'x'" in out.stderr

@@ -50,3 +50,27 @@ def test_readme_mentions_only_exported_names():
     used = set(re.findall(r"replayable\.([A-Za-z_][A-Za-z0-9_]*)\(", text))
     missing = {n for n in used if not hasattr(replayable, n)}
     assert not missing, missing
+
+
+def test_import_loads_only_what_is_used() -> None:
+    """``import replayable`` is cheap: the engine loads on first use of a name, and
+    ``replay``/``diff`` stay the functions once their subpackages are imported."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, replayable\n"
+        "heavy = ('asyncio', 'replayable.replay', 'replayable.diff',\n"
+        "         'replayable.capture.boundaries')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "import replayable.replay.api, replayable.diff.align\n"
+        "print(callable(replayable.replay), callable(replayable.diff))\n"
+        "from replayable import replay, diff, workflow\n"
+        "print(replay is replayable.replay, diff is replayable.diff, callable(workflow))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split("\n")[:3] == ["[]", "True True", "True True True"]
+    assert sorted(dir(replayable)) == dir(replayable)
+    assert set(replayable.__all__) <= set(dir(replayable))

@@ -7,29 +7,13 @@ with ``replay(run_id)``.
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
+import types
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from replayable.capture import (
-    ContextThreadPoolExecutor,
-    Recording,
-    asleep,
-    carry,
-    configure,
-    llm,
-    now,
-    randint,
-    random,
-    sleep,
-    span,
-    tool,
-    utcnow,
-    uuid4,
-    workflow,
-)
-from replayable.capture.deterministic import deterministic
-from replayable.diff import RunDiff, diff
 from replayable.errors import (
     AmbiguousRunIdError,
     AppendOnlyError,
@@ -44,10 +28,85 @@ from replayable.errors import (
     SerializationError,
     StoreError,
 )
-from replayable.events import Event, Run, register_codec
-from replayable.replay import Divergence, ReplayResult, replay
-from replayable.replay.stepper import Stepper
-from replayable.store import EventStore, RunFilter, open_store, verify_run
+
+if TYPE_CHECKING:
+    from replayable.capture import (
+        ContextThreadPoolExecutor,
+        Recording,
+        asleep,
+        carry,
+        configure,
+        llm,
+        now,
+        randint,
+        random,
+        sleep,
+        span,
+        tool,
+        utcnow,
+        uuid4,
+        workflow,
+    )
+    from replayable.capture.deterministic import deterministic
+    from replayable.diff import RunDiff, diff
+    from replayable.events import Event, Run, register_codec
+    from replayable.replay import Divergence, ReplayResult, replay
+    from replayable.replay.stepper import Stepper
+    from replayable.store import EventStore, RunFilter, open_store, verify_run
+
+#: Where each public name lives. They are imported when first used, so that a
+#: process needing only part of the package (the writer process, a CLI command)
+#: does not load the rest (asyncio, the replay engine, the diff).
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "ContextThreadPoolExecutor",
+            "Recording",
+            "asleep",
+            "carry",
+            "configure",
+            "llm",
+            "now",
+            "randint",
+            "random",
+            "sleep",
+            "span",
+            "tool",
+            "utcnow",
+            "uuid4",
+            "workflow",
+        ),
+        "replayable.capture",
+    ),
+    "deterministic": "replayable.capture.deterministic",
+    "RunDiff": "replayable.diff",
+    "diff": "replayable.diff",
+    "Event": "replayable.events",
+    "Run": "replayable.events",
+    "register_codec": "replayable.events",
+    "Divergence": "replayable.replay",
+    "ReplayResult": "replayable.replay",
+    "replay": "replayable.replay",
+    "Stepper": "replayable.replay.stepper",
+    "EventStore": "replayable.store",
+    "RunFilter": "replayable.store",
+    "open_store": "replayable.store",
+    "verify_run": "replayable.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'replayable' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 
@@ -122,6 +181,8 @@ def recording(
     :class:`StoreError` instead. A durable boundary waits at most
     ``max_block_s`` seconds (default 5). These settings apply to the store's writer.
     """
+    from replayable.capture.recording import Recording
+
     return Recording(
         store,
         metadata=metadata,
@@ -132,3 +193,25 @@ def recording(
         max_block_s=max_block_s,
         spool_dir=spool_dir,
     )
+
+
+def _shadowed(name: str) -> property:
+    """``replay`` and ``diff`` are also subpackages: importing ``replayable.replay``
+    sets the package's attribute to that module. A property on the package's class
+    comes first and keeps naming the function (the assignment is ignored)."""
+
+    def get(self: types.ModuleType) -> Any:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+
+    def ignore(self: types.ModuleType, value: Any) -> None:
+        pass
+
+    return property(get, ignore)
+
+
+class _Package(types.ModuleType):
+    replay = _shadowed("replay")
+    diff = _shadowed("diff")
+
+
+sys.modules[__name__].__class__ = _Package

@@ -75,13 +75,37 @@ def git_commit(directory: Path) -> str | None:
     return commit if out.returncode == 0 and len(commit) == 40 else None
 
 
+def _name_version(dist: importlib.metadata.Distribution) -> tuple[str, str]:
+    """The ``Name`` and ``Version`` of a distribution's metadata.
+
+    Read from the top of its METADATA file: ``dist.name`` and ``dist.version``
+    parse the whole file as an e-mail message, which for a hundred packages cost
+    the first recorded run of a process about 50 ms. They still answer for a
+    file this does not read plainly (a folded header, no METADATA).
+    """
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    name = version = None
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line:
+            break  # the end of the headers
+        folded = i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t")
+        if name is None and line.startswith("Name:") and not folded:
+            name = line[5:].strip()
+        elif version is None and line.startswith("Version:") and not folded:
+            version = line[8:].strip()
+        if name and version:
+            return name, version
+    return dist.name, dist.version
+
+
 @functools.lru_cache(maxsize=16)
 def _packages() -> tuple[tuple[str, str], ...]:
     seen: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.name
+        name, version = _name_version(dist)
         if name:
-            seen.setdefault(name.lower(), dist.version)
+            seen.setdefault(name.lower(), version)
     return tuple(sorted(seen.items()))
 
 
