@@ -14,6 +14,7 @@ import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from replayable._lazy import lazy
 from replayable.errors import (
     AmbiguousRunIdError,
     AppendOnlyError,
@@ -95,17 +96,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'replayable' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy(__name__, _LAZY)
 
 
 __version__ = "0.1.0"
