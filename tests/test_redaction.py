@@ -523,3 +523,22 @@ def test_a_secret_right_after_a_json_escape_is_redacted(
     # An escaped backslash followed by a letter is text, not an escape: nothing to redact.
     quiet = canonical({"content": f"{filler}path C:\\new\\nsk-proj-Q7w8E9r0T1y2U3i4O5p6"})
     assert redactor.redact_bytes(quiet) == quiet
+
+
+@pytest.mark.parametrize("engine", ["re", "re2"])
+@pytest.mark.parametrize("filler", ["", FILLER], ids=["short", "long"])
+def test_a_token_after_any_kind_of_space_is_redacted(
+    monkeypatch: pytest.MonkeyPatch, engine: str, filler: str
+) -> None:
+    """``Bearer\\s+…`` matches the text after every character ``\\s`` matches there: in the
+    serialized bytes a newline is escaped and a no-break space is two UTF-8 bytes."""
+    redactor = pure_re(monkeypatch) if engine == "re" else Redactor()
+    spaces = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+    assert len(spaces) == 29
+    missed = []
+    for space in spaces:
+        payload = canonical({"h": f"{filler} Bearer{space}abcdefgh1234"})
+        stored = redactor.redact_bytes(payload)
+        if b"abcdefgh1234" in stored or not redactor.needs_redaction(payload):
+            missed.append(hex(ord(space)))
+    assert missed == []

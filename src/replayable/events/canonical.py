@@ -78,6 +78,54 @@ _DEFAULT_VALUE_PATTERNS: Final = (
 )
 #: Every default secret key name contains one of these (lower-cased).
 _KEY_FRAGMENTS: Final = ("auth", "key", "pass", "secret", "token", "cookie")
+_WORD: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
+#: A JSON escape in serialized bytes (``\n``, ``\t`` … ``\u0001``): in the text it
+#: stands for a character that is not a word character.
+_ESCAPE: Final = r"\\(?:[ntrbf]|u[0-9A-Fa-f]{4})"
+#: What ``\s`` matches in the text, as it stands in canonical JSON bytes (orjson: UTF-8,
+#: control characters escaped): a space or other ASCII space, an escaped one, or the
+#: UTF-8 bytes of a Unicode space (no-break, en and em spaces, ideographic space …).
+_SERIALIZED_SPACE: Final = (
+    r"(?:[\t\n\x0b\x0c\r\x1c-\x1f ]|\\[ntrf]|\\u00(?:0[bB]|1[c-fC-F])"
+    r"|\xc2[\x85\xa0]|\xe1\x9a\x80|\xe2\x80[\x80-\x8a\xa8\xa9\xaf]|\xe2\x81\x9f|\xe3\x80\x80)"
+)
+
+
+def _serialized(pattern: str) -> str:
+    """``pattern`` for a scan over serialized JSON, matching wherever it matches the text.
+
+    ``"key:\\nsk-…"`` holds a newline and then the key, but in its bytes the ``n`` of the
+    escape stands before ``sk-``: a leading ``\\b`` also holds right after a JSON escape.
+    ``\\s`` outside a class also matches an escaped space and a Unicode space's bytes.
+    """
+    if pattern.startswith(r"\b"):
+        pattern = rf"(?:\b|{_ESCAPE}){pattern[2:]}"
+    out: list[str] = []
+    i, end = 0, len(pattern)
+    in_class = False
+    while i < end:
+        c = pattern[i]
+        if c == "\\":
+            pair = pattern[i : i + 2]
+            out.append(_SERIALIZED_SPACE if pair == r"\s" and not in_class else pair)
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            # A "]" first in a class (after an optional "^") is a literal.
+            j = i + 2 if pattern.startswith("^", i + 1) else i + 1
+            if pattern.startswith("]", j):
+                out.append(pattern[i : j + 1])
+                i = j + 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 #: The default value patterns by the fragment the pre-filter finds for them, each
 #: starting with its literal text, so that ``re`` searches with a fast literal scan
 #: (an alternation behind ``\b`` costs ~40 ns a byte), and whether a word boundary
@@ -90,7 +138,7 @@ _VALUE_SCANS: Final = {
     b"github_pat_": (re.compile(rb"github_pat_[A-Za-z0-9_]{20,}"), True),
     b"xox": (re.compile(rb"xox[abpr]-[A-Za-z0-9\-]{10,}"), True),
     b"akia": (re.compile(rb"AKIA[0-9A-Z]{16}\b"), True),
-    b"bearer": (re.compile(rb"Bearer\s+[A-Za-z0-9._~+/=\-]{8,}"), True),
+    b"bearer": (re.compile(_serialized(r"Bearer\s+[A-Za-z0-9._~+/=\-]{8,}").encode()), True),
     b"private key": (re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----"), False),
 }
 #: Every default value pattern contains one of these, lower-cased.
@@ -107,22 +155,6 @@ _FRAGMENT_KINDS: Final = {
     )
     for f in (*_KEY_FRAGMENTS, *_VALUE_FRAGMENTS)
 }
-
-
-_WORD: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
-#: A JSON escape in serialized bytes (``\n``, ``\t`` … ``\u0001``): in the text it
-#: stands for a character that is not a word character.
-_ESCAPE: Final = r"\\(?:[ntrbf]|u[0-9A-Fa-f]{4})"
-
-
-def _serialized(pattern: str) -> str:
-    """``pattern`` for a scan over serialized JSON: a leading ``\b`` also holds right
-    after a JSON escape. ``"key:\nsk-…"`` holds a newline and then the key, but in its
-    bytes the ``n`` of the escape stands before ``sk-`` and ``\b`` alone would not match."""
-    if pattern.startswith(r"\b"):
-        return rf"(?:\b|{_ESCAPE}){pattern[2:]}"
-    return pattern
 
 
 def _after_escape(payload: bytes, start: int) -> bool:
