@@ -4,7 +4,6 @@ fingerprinting, so replay still matches when only a secret changed."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import random
 import re
@@ -18,11 +17,11 @@ import orjson
 import pytest
 
 import replayable
-from replayable.events.canonical import REDACTED, Redactor, canonical
+from replayable.events import _re2 as re2_module
+from replayable.events import redaction as redaction_module
+from replayable.events.canonical import canonical
+from replayable.events.redaction import REDACTED, Redactor
 from replayable.store.sqlite import SQLiteStore
-
-#: The module itself (``replayable.events.canonical`` the attribute is the function).
-canonical_module = importlib.import_module("replayable.events.canonical")
 
 API_KEY = "sk-proj-Q7w8E9r0T1y2U3i4O5p6"
 OTHER_KEY = "sk-proj-Z9x8C7v6B5n4M3l2K1j0"
@@ -240,14 +239,14 @@ def test_headers_as_pairs_redacted(sqlite_store: SQLiteStore, sqlite_path: Path)
 def re2_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """re2 scans every payload and checks every string, however short (left to ``re``
     below a size where it is faster), so that the comparisons below exercise it."""
-    monkeypatch.setattr(canonical_module, "_RE2_MIN_PAYLOAD", 0)
-    monkeypatch.setattr(canonical_module, "_TEXT_HINT_MIN", 0)
+    monkeypatch.setattr(redaction_module, "_RE2_MIN_PAYLOAD", 0)
+    monkeypatch.setattr(redaction_module, "_TEXT_HINT_MIN", 0)
 
 
 def pure_re(monkeypatch: pytest.MonkeyPatch, *args: Any, **kwargs: Any) -> Redactor:
     """A redactor built as if re2 were not installed: every scan runs on ``re``."""
     with monkeypatch.context() as m:
-        m.setattr(canonical_module, "_re2", None)
+        m.setattr(redaction_module, "_re2", None)
         return Redactor(*args, **kwargs)
 
 
@@ -413,8 +412,8 @@ def test_re2_reads_accepted_patterns_as_re_does() -> None:
             by_re = re.compile(pattern.encode())
         except re.error:
             continue
-        spelt = canonical_module._re2_syntax(pattern)
-        by_re2 = None if spelt is None else canonical_module._re2_compile(spelt.encode())
+        spelt = re2_module._re2_syntax(pattern)
+        by_re2 = None if spelt is None else re2_module._re2_compile(spelt.encode())
         if by_re2 is None:
             continue
         accepted += 1
@@ -430,7 +429,7 @@ def test_user_pattern_with_lookahead_falls_back_to_re() -> None:
     key names and the other patterns. The payloads are long enough for re2 to scan them."""
     lookahead = r"pin=(?=\d{4}\b)\d+"
     redactor = Redactor(extra_patterns=[lookahead, r"acct-\d{6}"])
-    assert canonical_module._re2_syntax(lookahead) is None
+    assert re2_module._re2_syntax(lookahead) is None
     scans = redactor._re2_scans
     assert scans is not None
     scan, _, rest = scans
@@ -444,7 +443,7 @@ def test_user_pattern_with_lookahead_falls_back_to_re() -> None:
         ("acct-123456 and pin=9876", f"{REDACTED} and {REDACTED}"),
     ]:
         payload = canonical({"history": FILLER, "note": text})
-        assert len(payload) >= canonical_module._RE2_MIN_PAYLOAD
+        assert len(payload) >= redaction_module._RE2_MIN_PAYLOAD
         assert redactor.needs_redaction(payload) == (text != redacted)
         assert orjson.loads(redactor.redact_bytes(payload)) == {"history": FILLER, "note": redacted}
 
@@ -480,8 +479,8 @@ def test_redaction_without_re2() -> None:
     script = """
 import sys
 sys.modules["re2"] = None  # the import fails as when the package is missing
-from replayable.events import canonical as _
-from replayable.events.canonical import Redactor, _re2, canonical
+from replayable.events.canonical import canonical
+from replayable.events.redaction import Redactor, _re2
 assert _re2 is None
 r = Redactor()
 assert r._re2_scans is None and r._prefilter is not None

@@ -29,7 +29,7 @@ import msgspec
 from replayable.capture.procwriter import _apply
 from replayable.capture.writer import Writer
 from replayable.errors import StoreError
-from replayable.events.canonical import Redactor
+from replayable.events.redaction import Redactor
 from replayable.store import open_store
 from replayable.store.base import EventStore
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from replayable.events.canonical import Redactor
+from replayable.events.redaction import Redactor
 
 __all__ = ["configure", "settings"]
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from replayable.events.canonical import Redactor, canonical
+from replayable.events.canonical import canonical
+from replayable.events.redaction import Redactor
 
 __all__ = ["code_fingerprint", "environment_snapshot", "git_commit"]
 

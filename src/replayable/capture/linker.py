@@ -16,7 +16,6 @@ import orjson
 
 from replayable.capture.deferred import expand
 from replayable.events.canonical import (
-    Redactor,
     canonical,
     chain_hash,
     fingerprint,
@@ -25,6 +24,7 @@ from replayable.events.canonical import (
 )
 from replayable.events.codec import encode_request
 from replayable.events.model import SCHEMA_VERSION, Event, RunEnd, RunStart
+from replayable.events.redaction import Redactor
 
 if TYPE_CHECKING:
     from replayable.store.base import EventStore

@@ -35,8 +35,8 @@ import msgspec
 
 from replayable.capture.channel import WAKE_AT, current_channel
 from replayable.errors import StoreError
-from replayable.events.canonical import Redactor
 from replayable.events.codec import encode_request
+from replayable.events.redaction import Redactor
 
 if TYPE_CHECKING:
     from replayable.capture.linker import PendingEvent

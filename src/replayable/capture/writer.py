@@ -69,10 +69,8 @@ from replayable.errors import (
     ConfigurationError,
     StoreError,
 )
-from replayable.events.canonical import (
-    Redactor,
-)
 from replayable.events.model import RunStart
+from replayable.events.redaction import Redactor
 
 if TYPE_CHECKING:
     from replayable.store.base import EventStore

@@ -1,8 +1,6 @@
 """Pure records and encodings: no I/O, no clock, no randomness."""
 
 from replayable.events.canonical import (
-    REDACTED,
-    Redactor,
     canonical,
     event_hash,
     fingerprint,
@@ -10,6 +8,7 @@ from replayable.events.canonical import (
 )
 from replayable.events.codec import decode_value, encode_value, register_codec
 from replayable.events.model import SCHEMA_VERSION, Event, Run, RunEnd, RunStart, RunStatus
+from replayable.events.redaction import REDACTED, Redactor
 
 __all__ = [
     "REDACTED",
