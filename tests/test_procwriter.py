@@ -152,6 +152,39 @@ def test_a_dead_writer_process_falls_back_to_writing_in_process(
         store.close()
 
 
+def test_a_hand_off_already_under_way_when_the_child_dies_is_kept(
+    process_writer: None, tmp_path: Path
+) -> None:
+    """A thread that entered the writer's hot path before the switch to the in-process
+    writer still gets its record stored (it drains the buffer itself)."""
+    store = replayable.open_store(f"sqlite:///{tmp_path}/g.db")
+    try:
+        with replayable.recording(store) as rec:
+            agents.research("before")
+        run_id = rec.run_ids[0]
+        writer = writer_for(store)
+        assert isinstance(writer, ProcessWriter)
+        on_its_way = writer.event  # bound before the switch, as a racing thread holds it
+        last = store.events(run_id)[-1]
+        writer._channel.proc.kill()
+        writer._channel.proc.wait()
+        deadline = time.monotonic() + 5
+        while writer._fallback is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert writer._fallback is not None
+        assert writer.event != on_its_way
+        extra = (
+            run_id, last.seq + 1, "tool", "late", "r:99", None, None,
+            b'{"x":1}', b"1", False, None, False, time.time(), 5, None,
+        )  # fmt: skip
+        on_its_way(extra)
+        writer.flush()
+        assert [e.name for e in store.events(run_id)][-1] == "late"
+        assert writer._buf == []
+    finally:
+        store.close()
+
+
 def test_stores_share_one_writer_process_and_close_independently(
     process_writer: None, tmp_path: Path
 ) -> None:

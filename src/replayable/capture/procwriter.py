@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ __all__ = ["ProcessWriter"]
 log = logging.getLogger("replayable.writer")
 
 _ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder()
 #: Records one store may have waiting for the forwarder before the hot path waits too.
 MAX_QUEUED = 65_536
 
@@ -77,6 +79,7 @@ class ProcessWriter:
         self._closing = False
         self._closed = False
         self._fallback: Writer | None = None
+        self._drain_lock = threading.Lock()
         self._pid = os.getpid()
         config = {
             "url": store.url,
@@ -109,6 +112,9 @@ class ProcessWriter:
             data = _ENCODER.encode(("e", _plain(pending)))
         buf = self._buf
         buf.append(data)
+        if self._fallback is not None:  # the child ended while this call was on its way
+            self._drain()
+            return
         n = len(buf)
         if n >= WAKE_AT or n >= MAX_QUEUED:
             if n >= MAX_QUEUED:
@@ -130,14 +136,19 @@ class ProcessWriter:
         if durable:
             self._send_and_wait(data)
         else:
-            self._buf.append(data)
+            self._append(data)
+
+    def _append(self, data: bytes) -> None:
+        self._buf.append(data)
+        if self._fallback is not None:
+            self._drain()
 
     def _send_and_wait(self, data: bytes | None, timeout: float | None = None) -> None:
         ticket, waiter = self._channel.ticket()
         if data is not None:
-            self._buf.append(data)
+            self._append(data)
         bound = self.max_block_s if timeout is None else timeout
-        self._buf.append(_ENCODER.encode(("m", [ticket, bound])))
+        self._append(_ENCODER.encode(("m", [ticket, bound])))
         self._channel.wake.set()
         if not waiter.done.wait(bound):
             raise StoreError(
@@ -179,15 +190,10 @@ class ProcessWriter:
             on_store_failure="spool" if self.on_store_failure == "spool" else "raise",
             spool_dir=self.spool_dir,
         )
-        decoder = msgspec.msgpack.Decoder()
-        buf = self._buf
-        n = len(buf)
-        records = buf[:n]
-        del buf[:n]
-        for data in records:
-            kind, item = decoder.decode(data)
-            _apply(fallback, kind, item)
+        # Set first: a hand-off from here on drains the buffer itself, so a call that
+        # was already on its way through this object's methods loses nothing.
         self._fallback = fallback
+        self._drain()
         # Later hand-offs go straight to the in-process writer.
         self.__dict__.update(
             event=fallback.event,
@@ -196,11 +202,19 @@ class ProcessWriter:
             blob=fallback.blob,
             flush=fallback.flush,
         )
-        # A record appended between the copy above and the switch.
-        for data in buf[:]:
-            kind, item = decoder.decode(data)
-            _apply(fallback, kind, item)
-        buf.clear()
+
+    def _drain(self) -> None:
+        """Hand what waits in the buffer to the in-process writer, in order, once each."""
+        fallback = self._fallback
+        assert fallback is not None
+        with self._drain_lock:
+            buf = self._buf
+            n = len(buf)
+            records = buf[:n]
+            del buf[:n]
+            for data in records:
+                kind, item = _DECODER.decode(data)
+                _apply(fallback, kind, item)
 
     # -- the rest of the Writer interface ----------------------------------------------
 
@@ -214,9 +228,7 @@ class ProcessWriter:
         if self._fallback is not None:
             self._fallback.redactor = redactor
         else:
-            self._buf.append(
-                _ENCODER.encode(("r", [sorted(redactor.keys), list(redactor.patterns)]))
-            )
+            self._append(_ENCODER.encode(("r", [sorted(redactor.keys), list(redactor.patterns)])))
 
     def configure(
         self,
@@ -239,7 +251,7 @@ class ProcessWriter:
         if spool_dir is not None:
             self.spool_dir = options["spool_dir"] = os.fspath(spool_dir)
         if options:
-            self._buf.append(_ENCODER.encode(("k", options)))
+            self._append(_ENCODER.encode(("k", options)))
 
     @property
     def stall_s(self) -> float:
@@ -248,7 +260,7 @@ class ProcessWriter:
 
     def _ask(self, kind: str, item: Any, timeout: float) -> str | None:
         ticket, waiter = self._channel.ticket()
-        self._buf.append(_ENCODER.encode((kind, [ticket, item])))
+        self._append(_ENCODER.encode((kind, [ticket, item])))
         self._channel.wake.set()
         if not waiter.done.wait(timeout):
             raise StoreError(
