@@ -194,8 +194,9 @@ class Exchange:
 
     What is recorded of it (the request value and its metadata) is built from
     the raw parts by :func:`build_request`: by the writer when recording (the
-    event is handed off as ``DEFERRED`` and expanded by :func:`expand`), here
-    when replaying or forking, where the request must be matched at once.
+    hand-off names the ``http`` builder,
+    :func:`replayable.integrations._build.expand`), here when replaying or
+    forking, where the request must be matched at once.
     """
 
     __slots__ = ("_built", "kind", "name", "raw")
