@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from replayable.capture.spool import SpoolBatch
 from replayable.errors import (
@@ -24,7 +24,9 @@ from replayable.errors import (
     StoreError,
 )
 
-__all__ = ["Batch", "Committer", "Stalled", "Waiter", "is_permanent"]
+__all__ = ["Batch", "Committer", "Outcome", "Stalled", "Waiter", "is_permanent"]
+
+T = TypeVar("T")
 
 _PERMANENT = (
     AppendOnlyError,
@@ -55,18 +57,27 @@ def is_permanent(exc: BaseException) -> bool:
     return not isinstance(exc, OSError)
 
 
-class Waiter:
-    __slots__ = ("done", "error")
+class Outcome(Generic[T]):
+    """Something a thread waits for: ``outcome`` is ``None`` when it went well, else
+    what went wrong. The first outcome wins."""
+
+    __slots__ = ("done", "outcome")
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.error: BaseException | None = None
+        self.outcome: T | None = None
 
-    def resolve(self, error: BaseException | None) -> None:
+    def resolve(self, outcome: T | None) -> None:
         """Settle the waiter; the first outcome wins."""
         if not self.done.is_set():
-            self.error = error
+            self.outcome = outcome
             self.done.set()
+
+
+class Waiter(Outcome[BaseException]):
+    """A hand-off waiting to be written (or spooled): its error, if it was not."""
+
+    __slots__ = ()
 
 
 class Batch:

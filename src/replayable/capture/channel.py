@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from replayable.capture.batches import Outcome
+
 if TYPE_CHECKING:
     from replayable.capture.procwriter import ProcessWriter
 
@@ -38,19 +40,10 @@ INTERVAL = 0.05
 WAKE_AT = 4096
 
 
-class Reply:
-    """One request to the child; ``reply`` is its answer (for a flush, an error message)."""
+class Reply(Outcome[str]):
+    """One request to the child; ``outcome`` is its answer (for a flush, an error message)."""
 
-    __slots__ = ("done", "reply")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.reply: str | None = None
-
-    def resolve(self, reply: str | None) -> None:
-        if not self.done.is_set():
-            self.reply = reply
-            self.done.set()
+    __slots__ = ()
 
 
 class Channel:

@@ -154,14 +154,14 @@ class ProcessWriter:
             raise StoreError(
                 f"the writer process for {self.store.url} did not confirm within {bound:g}s"
             )
-        if waiter.reply is not None:
+        if waiter.outcome is not None:
             fallback = self._fallback
             if fallback is not None and self._channel.dead is not None:
                 # The child ended while we waited: what it had not been sent went to
                 # the in-process writer, so confirm there.
                 fallback.flush(bound)
                 return
-            raise StoreError(f"writing to {self.store.url} failed: {waiter.reply}")
+            raise StoreError(f"writing to {self.store.url} failed: {waiter.outcome}")
 
     def _backpressure(self) -> None:
         """The child is behind by ``MAX_QUEUED`` records: wait until it catches up."""
@@ -266,7 +266,7 @@ class ProcessWriter:
             raise StoreError(
                 f"the writer process for {self.store.url} did not answer within {timeout:g}s"
             )
-        return waiter.reply
+        return waiter.outcome
 
     @property
     def spooled(self) -> bool:

@@ -274,9 +274,9 @@ class Writer:
                 f"the store {self.store.url} did not commit within {bound:g}s"
                 + (f": {self.last_error}" if self.last_error else "")
             )
-        if waiter.error is not None:
-            raise StoreError(f"writing to {self.store.url} failed: {waiter.error}") from (
-                waiter.error
+        if waiter.outcome is not None:
+            raise StoreError(f"writing to {self.store.url} failed: {waiter.outcome}") from (
+                waiter.outcome
             )
 
     # -- writer thread ------------------------------------------------------

@@ -55,7 +55,6 @@ _DEFAULT_VALUE_PATTERNS: Final = (
 #: Every default secret key name contains one of these (lower-cased).
 _KEY_FRAGMENTS: Final = ("auth", "key", "pass", "secret", "token", "cookie")
 _WORD: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
 #: A JSON escape in serialized bytes (``\n``, ``\t`` … ``\u0001``): in the text it
 #: stands for a character that is not a word character.
 _ESCAPE: Final = r"\\(?:[ntrbf]|u[0-9A-Fa-f]{4})"
@@ -133,16 +132,12 @@ _FRAGMENT_KINDS: Final = {
 }
 
 
+_ESCAPE_BEFORE: Final = re.compile(rf"(?:{_ESCAPE})\Z".encode())
+
+
 def _after_escape(payload: bytes, start: int) -> bool:
-    """Whether a JSON escape ends right before ``start`` in ``payload``."""
-    if start >= 2 and payload[start - 2] == 0x5C and payload[start - 1] in b"ntrbf":
-        return True
-    return (
-        start >= 6
-        and payload[start - 6] == 0x5C
-        and payload[start - 5] == 0x75
-        and all(b in _HEX for b in payload[start - 4 : start])
-    )
+    """Whether a JSON escape (``_ESCAPE``, two or six bytes) ends right before ``start``."""
+    return _ESCAPE_BEFORE.search(payload, max(0, start - 6), start) is not None
 
 
 def _value_found(payload: bytes, fragments: set[bytes]) -> bool:
