@@ -17,6 +17,8 @@ import pytest
 from psycopg import sql
 
 SERVER = os.environ.get("REPLAYABLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+#: The roles ``init_roles`` makes for a prefix, dropped with the test database.
+ROLE_SUFFIXES = ("writer", "auditor", "maintenance", "analyst", "admin", "steward")
 
 
 @dataclass
@@ -26,6 +28,7 @@ class PgServer:
     server: str
     database: str
     role_prefixes: list[str] = field(default_factory=list)
+    logins: list[str] = field(default_factory=list)
 
     def url(
         self,
@@ -48,6 +51,17 @@ class PgServer:
             scheme, rest = base.split("://", 1)
             base = f"{scheme}://{user}@{rest.split('@', 1)[-1]}"
         return psycopg.connect(f"{base}/{self.database}", autocommit=True)
+
+    def login(self, name: str, *member_of: str) -> str:
+        """A login role ``name`` holding ``member_of``, dropped at the end of the session."""
+        self.logins.insert(0, name)
+        with self.connect() as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+            for role in member_of:
+                conn.execute(
+                    sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(name))
+                )
+        return name
 
     def new_schema(self, stem: str = "s") -> str:
         return f"{stem}_{secrets.token_hex(4)}"
@@ -75,9 +89,9 @@ def pg() -> Iterator[PgServer]:
         yield server
     finally:
         admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+        names = [*server.logins]
         for prefix in server.role_prefixes:
-            for suffix in ("writer", "auditor", "maintenance"):
-                admin.execute(
-                    sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(f"{prefix}_{suffix}"))
-                )
+            names += [f"{prefix}_{suffix}" for suffix in ROLE_SUFFIXES]
+        for name in names:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
         admin.close()

@@ -21,7 +21,13 @@ from replayable.errors import (
 from replayable.events.canonical import event_hash, genesis_hash
 from replayable.events.model import Event
 from replayable.store import EventStore, RunFilter, open_store, verify_run
-from replayable.store.postgres import LATEST_VERSION, PostgresStore, Roles, init_roles
+from replayable.store.postgres import (
+    LATEST_VERSION,
+    PostgresStore,
+    Roles,
+    grant_tenant,
+    init_roles,
+)
 from replayable.store.search import EventQuery, Predicate
 from tests.pg_helpers import PgServer, pg
 from tests.test_store_contract import StoreContract, make_end, make_events, make_start, new_id
@@ -60,11 +66,15 @@ def owner(pg: PgServer, schema: str) -> Iterator[PostgresStore]:
 
 @pytest.fixture
 def roles(pg: PgServer, schema: str) -> Roles:
-    """Writer, auditor and maintenance login roles granted on ``schema``."""
+    """Login roles granted on ``schema``, each granted the runs recorded without a tenant."""
     prefix = f"rt_{secrets.token_hex(4)}"
     pg.role_prefixes.append(prefix)
     with pg.connect() as conn:
-        return init_roles(conn, schema, prefix=prefix, login=True)
+        made = init_roles(conn, schema, prefix=prefix, login=True)
+        grant_tenant(conn, schema, made.writer, "", write=True)
+        grant_tenant(conn, schema, made.auditor, "", write=False)
+        grant_tenant(conn, schema, made.maintenance, "", write=True)
+    return made
 
 
 def _recorded(
@@ -408,6 +418,10 @@ def test_only_maintenance_may_purge(pg: PgServer, owner: PostgresStore, roles: R
 
 def test_tenant_cannot_see_another_tenants_runs(pg: PgServer, schema: str, roles: Roles) -> None:
     """Tenant B cannot read, count, list, search or replay tenant A's run, even by id."""
+    with pg.connect() as conn:
+        for tenant in ("A", "B"):
+            grant_tenant(conn, schema, roles.writer, tenant, write=True)
+        grant_tenant(conn, schema, roles.auditor, "B", write=False)
     a = PostgresStore(pg.url(schema, user=roles.writer, tenant="A"))
     b = open_store(pg.url(schema, user=roles.writer, tenant="B"))
     auditor_b = PostgresStore(pg.url(schema, user=roles.auditor), tenant="B")
@@ -444,6 +458,9 @@ def test_tenant_cannot_write_into_another_tenants_run(
     pg: PgServer, schema: str, roles: Roles
 ) -> None:
     """Events for a run the tenant cannot see are refused; forging another tenant is refused."""
+    with pg.connect() as conn:
+        for tenant in ("A", "B"):
+            grant_tenant(conn, schema, roles.writer, tenant, write=True)
     a = PostgresStore(pg.url(schema, user=roles.writer, tenant="A"))
     b = PostgresStore(pg.url(schema, user=roles.writer, tenant="B"))
     try:

@@ -104,7 +104,11 @@ def _mask(url: str) -> str:
 
 
 def connect(target: PgTarget) -> psycopg.Connection[tuple[Any, ...]]:
-    """An autocommit connection with the store's tenant set; StoreError if unreachable."""
+    """An autocommit connection with the store's tenant set; StoreError if unreachable.
+
+    The ``replayable.tenant`` setting only narrows what the login may see to
+    one of its tenants; which tenants those are is the membership table's.
+    """
     try:
         conn = psycopg.connect(
             target.dsn,

@@ -1,9 +1,18 @@
-"""The three database roles of a PostgreSQL store.
+"""The database roles of a PostgreSQL store, and what each may do.
 
-``<prefix>_writer`` may INSERT and SELECT (what a recording agent needs),
-``<prefix>_auditor`` may only SELECT, and ``<prefix>_maintenance`` may SELECT
-and call the maintenance procedures, the one path allowed to change recorded
-rows. No role receives UPDATE, DELETE or TRUNCATE. Roles are cluster-wide in
+====================  ============================================================
+``<prefix>_writer``   INSERT and SELECT on the log (what a recording agent needs)
+``<prefix>_auditor``  SELECT on the log
+``<prefix>_analyst``  SELECT on the log (the audit tables add annotation rights)
+``<prefix>_maintenance``  SELECT, and EXECUTE on the maintenance procedures
+``<prefix>_admin``    changes tenant memberships (``replayable db grant-tenant``)
+``<prefix>_steward``  NOLOGIN, no members: owns the maintenance procedures, the
+                      one identity the append-only triggers let change a row
+====================  ============================================================
+
+No login role receives UPDATE, DELETE or TRUNCATE, nor CREATE on the schema.
+Every read and write is further limited to the tenants the login was granted
+(see ``_tenancy``): a role alone sees nothing. Roles are cluster-wide in
 PostgreSQL, hence the prefix. They are created NOLOGIN (grant them to your
 login users) unless ``login=True``.
 """
@@ -16,18 +25,53 @@ import psycopg
 from psycopg import sql
 
 from replayable.errors import ConfigurationError
-from replayable.store.postgres._schema import APPEND_ONLY_TABLES, valid_identifier
+from replayable.store.postgres._schema import APPEND_ONLY_TABLES, LOG_TABLES, valid_identifier
 
 __all__ = ["Roles", "init_roles"]
+
+#: The procedures only the maintenance role may call, owned by the steward.
+MAINTENANCE_PROCEDURES = ("purge_payloads(UUID)",)
 
 
 @dataclass(frozen=True, slots=True)
 class Roles:
-    """The names of the three roles made by :func:`init_roles`."""
+    """The names of the roles made by :func:`init_roles`."""
 
     writer: str
     auditor: str
     maintenance: str
+    analyst: str
+    admin: str
+    steward: str
+
+    @property
+    def logins(self) -> tuple[str, ...]:
+        """The roles meant to be granted to people and agents (all but the steward)."""
+        return (self.writer, self.auditor, self.maintenance, self.analyst, self.admin)
+
+    @classmethod
+    def named(cls, prefix: str) -> Roles:
+        """The role names for ``prefix`` (checked to be a plain identifier)."""
+        if not valid_identifier(prefix) or len(prefix) > 50:
+            raise ConfigurationError(
+                f"role prefix {prefix!r} must be a lower-case identifier (letters, digits, _) "
+                "of at most 50 characters"
+            )
+        return cls(
+            writer=f"{prefix}_writer",
+            auditor=f"{prefix}_auditor",
+            maintenance=f"{prefix}_maintenance",
+            analyst=f"{prefix}_analyst",
+            admin=f"{prefix}_admin",
+            steward=f"{prefix}_steward",
+        )
+
+
+def _ensure_role(conn: psycopg.Connection[tuple[object, ...]], name: str, login: bool) -> None:
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+    verb = sql.SQL("ALTER" if exists else "CREATE")
+    option = sql.SQL("LOGIN" if login else "NOLOGIN")
+    conn.execute(sql.SQL("{} ROLE {} {}").format(verb, sql.Identifier(name), option))
 
 
 def init_roles(
@@ -37,34 +81,68 @@ def init_roles(
     prefix: str = "replayable",
     login: bool = False,
 ) -> Roles:
-    """Create (if missing) the writer, auditor and maintenance roles and grant them.
+    """Create (if missing) the roles of :class:`Roles` and grant them on ``schema``.
 
-    Idempotent: running it again re-applies the same grants.
+    Run it as the schema's owner with CREATEROLE, or as a superuser, after
+    ``replayable db upgrade`` (and again after each upgrade). Idempotent:
+    running it again re-applies the same grants.
     """
-    if not valid_identifier(prefix):
-        raise ConfigurationError(
-            f"role prefix {prefix!r} must be a lower-case identifier (letters, digits, _)"
-        )
-    roles = Roles(f"{prefix}_writer", f"{prefix}_auditor", f"{prefix}_maintenance")
+    roles = Roles.named(prefix)
     s = sql.Identifier(schema)
-    w, a, m = (sql.Identifier(r) for r in (roles.writer, roles.auditor, roles.maintenance))
-    tables = [sql.SQL("{}.{}").format(s, sql.Identifier(t)) for t in APPEND_ONLY_TABLES]
-    all_tables = sql.SQL(", ").join([*tables, sql.SQL("{}.schema_version").format(s)])
-    log_tables = sql.SQL(", ").join(tables)
+    ident = {name: sql.Identifier(name) for name in (*roles.logins, roles.steward)}
+    w, a, m, an, ad, st = (
+        ident[r]
+        for r in (
+            roles.writer,
+            roles.auditor,
+            roles.maintenance,
+            roles.analyst,
+            roles.admin,
+            roles.steward,
+        )
+    )
+    readers = sql.SQL(", ").join([w, a, m, an, ad])
+    everyone = sql.SQL(", ").join([w, a, m, an, ad, st])
+
+    def tables(names: tuple[str, ...]) -> sql.Composable:
+        return sql.SQL(", ").join(sql.SQL("{}.{}").format(s, sql.Identifier(t)) for t in names)
+
+    everything = tables((*APPEND_ONLY_TABLES, "schema_version", "tenant_members"))
+    members = tables(("tenant_members",))
     with conn.transaction():
-        for name in (roles.writer, roles.auditor, roles.maintenance):
-            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
-            option = sql.SQL("LOGIN" if login else "NOLOGIN")
-            verb = sql.SQL("ALTER" if exists else "CREATE")
-            conn.execute(sql.SQL("{} ROLE {} {}").format(verb, sql.Identifier(name), option))
+        for name in roles.logins:
+            _ensure_role(conn, name, login)
+        _ensure_role(conn, roles.steward, False)
         statements = [
-            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}, {}, {}").format(s, w, a, m),
-            sql.SQL("REVOKE ALL ON {} FROM {}, {}, {}").format(all_tables, w, a, m),
-            sql.SQL("GRANT SELECT ON {} TO {}, {}, {}").format(all_tables, w, a, m),
-            sql.SQL("GRANT INSERT ON {} TO {}").format(log_tables, w),
-            sql.SQL("REVOKE ALL ON FUNCTION {}.purge_payloads(UUID) FROM PUBLIC").format(s),
-            sql.SQL("GRANT EXECUTE ON FUNCTION {}.purge_payloads(UUID) TO {}").format(s, m),
+            sql.SQL("REVOKE ALL ON {} FROM {}").format(everything, everyone),
+            sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(s, readers),
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, everyone),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(tables(LOG_TABLES), everyone),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(tables(("schema_version",)), everyone),
+            sql.SQL("GRANT INSERT ON {} TO {}").format(tables(APPEND_ONLY_TABLES), w),
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(members, ad),
+            sql.SQL("GRANT UPDATE, DELETE ON {} TO {}").format(tables(LOG_TABLES), st),
+            # ALTER … OWNER TO needs the new owner to hold CREATE on the schema;
+            # nobody can act as the steward but through its own procedures.
+            sql.SQL("GRANT CREATE ON SCHEMA {} TO {}").format(s, st),
         ]
+        for procedure in MAINTENANCE_PROCEDURES:
+            fn = sql.SQL("{}.{}").format(s, sql.SQL(procedure))
+            statements += [
+                sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(fn),
+                sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(fn, m),
+                sql.SQL("ALTER FUNCTION {} OWNER TO {}").format(fn, st),
+            ]
+        superuser = conn.execute(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        held = bool(superuser and superuser[0])
+        if not held:
+            # A CREATEROLE owner must hold the steward for a moment to give it
+            # the procedures; the membership is taken back in this transaction.
+            conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(st))
         for statement in statements:
             conn.execute(statement)
+        if not held:
+            conn.execute(sql.SQL("REVOKE {} FROM CURRENT_USER").format(st))
     return roles

@@ -17,12 +17,17 @@ import psycopg
 from psycopg import sql
 
 from replayable.errors import SchemaVersionError
+from replayable.store.postgres._tenancy import V2_TENANCY
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "current_version", "upgrade", "valid_identifier"]
 
 #: The tables the log is made of; every one refuses UPDATE, DELETE and TRUNCATE.
 APPEND_ONLY_TABLES: Final = ("runs", "run_ends", "agent_execution_events", "blobs", "batches")
+#: The tables every role reads (under the tenant policies); ``batches`` is the writer's alone.
+LOG_TABLES: Final = ("runs", "run_ends", "agent_execution_events", "blobs")
 
+# Version 1's tenant test: a setting any session could change. Migration 2
+# (``_tenancy``) replaces it with memberships bound to the login.
 _TENANT = "NULLIF(current_setting('replayable.tenant', true), '')"
 
 _V1: Final = [
@@ -178,7 +183,7 @@ def _v1_guards() -> list[str]:
 
 
 #: Migration n (1-based) brings a database from version n-1 to n.
-MIGRATIONS: Final[list[list[str]]] = [_V1 + _v1_guards()]
+MIGRATIONS: Final[list[list[str]]] = [_V1 + _v1_guards(), V2_TENANCY]
 LATEST_VERSION: Final = len(MIGRATIONS)
 
 _LOCK_KEY = 0x7265706C6179  # "replay": serializes concurrent upgrades

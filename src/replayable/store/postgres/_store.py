@@ -132,6 +132,8 @@ class PostgresStore(EventStore):
         self._closed = False
         try:
             self._prepare_schema()
+            if self.tenant is None:
+                self.tenant = self._only_writable_tenant()
         except BaseException:
             self.close()
             raise
@@ -171,6 +173,28 @@ class PostgresStore(EventStore):
                 run_upgrade(conn, self.target.schema, where)
             except psycopg.Error as exc:
                 raise_store_error(exc, self.target, "preparing the schema")
+
+    def _only_writable_tenant(self) -> str | None:
+        """The login's one writable tenant when the URL names none (None if several or none).
+
+        So ``postgresql://acme_agent@db/agents`` records for tenant acme once
+        ``replayable db grant-tenant acme_agent acme --write`` was run.
+
+        The table owner is not bound by the tenant policies and keeps writing
+        runs without a tenant.
+        """
+        with self._read_lock:
+            conn = self._conn(write=False)
+            try:
+                row = conn.execute(
+                    "SELECT row_security_active('runs'), session_tenants(true)"
+                ).fetchone()
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "reading the login's tenants")
+        if row is None or not row[0] or len(row[1]) != 1 or not row[1][0]:
+            return None
+        # Writes go to that tenant; reads still show every tenant the login may read.
+        return str(row[1][0])
 
     def upgrade(self) -> list[int]:
         """Apply missing migrations; returns the versions applied."""
@@ -223,8 +247,9 @@ class PostgresStore(EventStore):
                     if not durable:
                         conn.execute("SET LOCAL synchronous_commit = off")
                     cur = conn.execute(
-                        "INSERT INTO batches (digest) VALUES (%s) ON CONFLICT DO NOTHING",
-                        (digest,),
+                        "INSERT INTO batches (tenant, digest) VALUES (%s, %s) "
+                        "ON CONFLICT DO NOTHING",
+                        (self._batch_tenant(starts, events, ends), digest),
                     )
                     if cur.rowcount == 0:
                         return
@@ -239,6 +264,21 @@ class PostgresStore(EventStore):
                 raise_store_error(exc, self.target, "writing a batch")
         for s in starts:
             self._remember(s.run_id, self._access_tenant(s), s.parent_run_id)
+
+    def _batch_tenant(
+        self, starts: Sequence[RunStart], events: Sequence[Event], ends: Sequence[RunEnd]
+    ) -> str:
+        """The tenant a batch's digest is kept under: the store's, else its first record's."""
+        if self.tenant is not None:
+            return self.tenant
+        for s in starts:
+            if s.tenant is not None:
+                return s.tenant
+        for run_id in [e.run_id for e in events[:1]] + [r.run_id for r in ends[:1]]:
+            tenant = self._run_info.get(run_id, (None, None))[0]
+            if tenant is not None:
+                return tenant
+        return ""
 
     def _access_tenant(self, start: RunStart) -> str | None:
         return self.tenant if self.tenant is not None else start.tenant
