@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from replayable._files import private_dir
 from replayable.events.model import Event, RunEnd, RunStart
 
 try:  # POSIX: a live writer's spool is locked, so only orphans are adopted
@@ -117,7 +118,7 @@ class Spool:
     @classmethod
     def create(cls, directory: Path, url: str) -> Spool:
         """A new, locked spool file for ``url`` in ``directory``."""
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dir(directory)
         name = f"{store_key(url)}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
         path = directory / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
@@ -271,7 +272,7 @@ def _same_store(path: Path, url: str) -> bool:
 def append_rejects(directory: Path, url: str, records: Iterator[tuple[str, Any]]) -> Path:
     """Append refused records to the store's rejects file; returns its path."""
     path = rejects_path(directory, url)
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     data = b"".join(_encode((0, kind, record)) + b"\n" for kind, record in records)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 
+from replayable._files import private_dir, write_private
 from replayable.cli._context import state, stdout
 from replayable.errors import ConfigurationError
 from replayable.events.model import Event, Run
@@ -189,7 +190,7 @@ def report(
         where=where,
         limit=200,
     )
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)
     written = 0
     offset: int | None = 0
     while offset is not None:
@@ -277,7 +278,7 @@ def write_report(store: EventStore, hit: SearchHit, directory: Path, query_text:
         ],
     }
     json_path = directory / f"{run.run_id}.json"
-    json_path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    write_private(json_path, orjson.dumps(data, option=orjson.OPT_INDENT_2))
     lines = [
         f"# Audit report: run {run.run_id}",
         "",
@@ -335,7 +336,7 @@ def write_report(store: EventStore, hit: SearchHit, directory: Path, query_text:
                 "```",
                 "",
             ]
-    (directory / f"{run.run_id}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_private(directory / f"{run.run_id}.md", ("\n".join(lines) + "\n").encode())
     return json_path
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from replayable._files import private_file
 from replayable.errors import AppendOnlyError, RunNotFoundError, SchemaVersionError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store.base import EventStore, RunFilter, tag_value
@@ -135,9 +136,11 @@ class SQLiteStore(EventStore):
         self.url = f"sqlite:///{self.path}"
         if not self._memory:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # Made 0600 before SQLite opens it: the WAL and shared-memory files
+                # SQLite adds take the database file's mode.
+                private_file(self.path)
             except OSError as exc:
-                raise StoreError(f"cannot create the directory for {self.url}: {exc}") from exc
+                raise StoreError(f"cannot create {self.url}: {exc}") from exc
         self._write_lock = threading.Lock()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
