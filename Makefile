@@ -25,6 +25,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy
+	PYTHONPATH=src $(VENV)/bin/lint-imports
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests bench examples

@@ -16,8 +16,7 @@ import pytest
 import replayable
 from replayable.capture.config import settings
 from replayable.capture.context import active_state
-from replayable.capture.procwriter import ProcessWriter
-from replayable.capture.writer import writer_for
+from replayable.capture.writer import ProcessWriter, writer_for
 from tests import agents_replay as agents
 
 
@@ -237,7 +236,7 @@ def test_a_child_far_behind_makes_the_agent_wait_and_loses_nothing(
     process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past MAX_QUEUED records waiting, the hot path waits for the forwarder."""
-    from replayable.capture import procwriter
+    from replayable.capture.writer import process as procwriter
 
     monkeypatch.setattr(procwriter, "MAX_QUEUED", 64)
     waits: list[int] = []
@@ -271,7 +270,8 @@ def test_a_store_with_many_records_waiting_wakes_the_forwarder_early(
     process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """WAKE_AT records waiting are sent at once, not at the forwarder's next round."""
-    from replayable.capture import channel, procwriter
+    from replayable.capture.writer import channel
+    from replayable.capture.writer import process as procwriter
 
     monkeypatch.setattr(channel, "INTERVAL", 60.0)
     monkeypatch.setattr(procwriter, "WAKE_AT", 16)
@@ -383,7 +383,7 @@ def test_a_failing_forwarder_hands_its_records_to_the_in_process_writer(
     process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug in the forwarding thread must not strand records: the store falls back."""
-    from replayable.capture import channel
+    from replayable.capture.writer import channel
 
     def broken(self: object) -> None:
         raise RuntimeError("forwarder bug")
@@ -447,7 +447,7 @@ def test_the_writer_process_runs_at_lower_priority(tmp_path: Path, nice: int) ->
     script = textwrap.dedent(
         f"""
         import os, replayable
-        from replayable.capture import channel
+        from replayable.capture.writer import channel
         replayable.configure(writer="process", writer_nice={nice})
         store = replayable.open_store("sqlite:///{tmp_path}/n.db")
         with replayable.recording(store):

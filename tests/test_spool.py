@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 import replayable
-from replayable.capture.spool import Spool, SpoolBatch, read_records, rejects_path
 from replayable.capture.writer import PendingEvent, Writer, writer_for
+from replayable.capture.writer.spool import Spool, SpoolBatch, read_records, rejects_path
 from replayable.errors import AppendOnlyError, StoreError
 from replayable.store.postgres import PostgresStore
 from replayable.store.sqlite import SQLiteStore
@@ -375,7 +375,7 @@ def test_writer_process_spools_a_store_it_cannot_reach_yet(
     urls: tuple[str, str], proxy: FaultProxy, tmp_path: Path
 ) -> None:
     """The child opens the store on first use: unreachable then, it spools and drains later."""
-    from replayable.capture.procwriter import ProcessWriter
+    from replayable.capture.writer import ProcessWriter
 
     via, direct = urls
     store = PostgresStore(via)  # the agent's own connection is made while the server is up
@@ -404,8 +404,8 @@ def test_a_writer_with_nothing_left_to_drain_is_back(sqlite_path: Path, tmp_path
     writer = Writer(store, spool_dir=tmp_path, max_block_s=2.0)
     try:
         # The state such a round leaves: marked down, nothing spooled or held.
-        writer._down = StoreError("it was down")
-        writer._drained.clear()
+        writer._outage.down = StoreError("it was down")
+        writer._outage.drained.clear()
         assert writer.spooled
         assert writer.drain(timeout=5), "the writer saw it had nothing left"
         assert not writer.spooled

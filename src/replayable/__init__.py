@@ -27,7 +27,10 @@ from replayable.errors import (
     RunNotFoundError,
     SchemaVersionError,
     SerializationError,
+    StoreAuthenticationError,
     StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
 )
 
 if TYPE_CHECKING:
@@ -123,7 +126,10 @@ __all__ = [
     "SchemaVersionError",
     "SerializationError",
     "Stepper",
+    "StoreAuthenticationError",
     "StoreError",
+    "StoreRefusedError",
+    "StoreUnavailableError",
     "__version__",
     "asleep",
     "carry",

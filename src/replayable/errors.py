@@ -6,13 +6,21 @@
     ├── ConfigurationError (ValueError)      bad store URL, bad option value
     ├── SerializationError (TypeError)       a value crossing a boundary cannot be encoded
     ├── StoreError                           a backend failed; the driver's error is chained
-    │   ├── AppendOnlyError                  the store refused an update or delete
-    │   ├── SchemaVersionError               the database was written by a newer replayable
+    │   ├── StoreUnavailableError            the store cannot be reached now; a retry may work
+    │   ├── StoreRefusedError                the store said no; retrying the same cannot help
+    │   │   ├── AppendOnlyError              the store refused an update, delete or duplicate
+    │   │   ├── SchemaVersionError           the database was written by a newer replayable
+    │   │   └── StoreAuthenticationError     the login was refused (password, role, database)
     │   └── RunNotFoundError (LookupError)   no run has that id or prefix
     │       └── AmbiguousRunIdError          a prefix names more than one run
     ├── ReplayError                          replay could not be set up
     │   └── EntrypointNotFoundError (ImportError)
     └── ReplayDivergenceError                replay parted from the tape (``strict=True``)
+
+Each store driver maps its own exceptions into this tree once (the SQLite
+store in ``store/sqlite.py``, the PostgreSQL store in
+``store/postgres/_connect.py``); the writer decides whether to retry or to
+spool from these names alone.
 
 Errors raised by the agent's own code are never wrapped: a recorded tool error
 is re-raised on replay as its own type.
@@ -37,7 +45,10 @@ __all__ = [
     "RunNotFoundError",
     "SchemaVersionError",
     "SerializationError",
+    "StoreAuthenticationError",
     "StoreError",
+    "StoreRefusedError",
+    "StoreUnavailableError",
 ]
 
 
@@ -76,11 +87,24 @@ class StoreError(ReplayableError):
     """The event store failed; the backend's own exception is chained."""
 
 
-class AppendOnlyError(StoreError):
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached now (no connection, a timeout, a locked database);
+    the writer spools and retries."""
+
+
+class StoreRefusedError(StoreError):
+    """The store refused the request itself; the same request will be refused again."""
+
+
+class StoreAuthenticationError(StoreRefusedError):
+    """The store refused the login: a wrong password, an unknown role, no right to connect."""
+
+
+class AppendOnlyError(StoreRefusedError):
     """The store refused to update or delete a recorded row."""
 
 
-class SchemaVersionError(StoreError):
+class SchemaVersionError(StoreRefusedError):
     """The database holds a schema this version of replayable does not know."""
 
 

@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 import replayable
-from replayable.capture import deferred
+from replayable.capture.writer import deferred
 from replayable.events.codec import decode_value
 from replayable.integrations import _exchange, _sse
 from replayable.store import MemoryStore

@@ -1,7 +1,7 @@
 """Capture: the boundary markers, the recording session and the background writer.
 
 The names below are imported when first used: the writer process imports
-``replayable.capture._child`` and needs none of the boundary markers.
+``replayable.capture.writer._child`` and needs none of the boundary markers.
 """
 
 from __future__ import annotations

@@ -3,50 +3,17 @@
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
 
+from replayable._pyproject import project_config
+from replayable.capture.writer.options import options, parse_mode, parse_nice
 from replayable.events.redaction import Redactor
 
-__all__ = ["configure", "settings"]
-
-
-#: The writer process yields the CPU to the agent: with both busy on two cores, an
-#: agent beside a writer at the same priority was preempted hundreds of times a
-#: second and a recorded 1 KB tool call took 8-14 µs instead of 6-8 µs.
-DEFAULT_NICE = 10
-
-
-def _nice(value: object, where: str = "writer_nice") -> int:
-    nice = -1
-    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
-        nice = int(value)
-    if not 0 <= nice <= 19:
-        from replayable.errors import ConfigurationError
-
-        raise ConfigurationError(f"{where} must be a whole number from 0 to 19, not {value!r}")
-    return nice
+__all__ = ["configure", "project_config", "settings"]
 
 
 def _split(value: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in value.split(",") if n.strip())
-
-
-def project_config(start: Path | None = None) -> dict[str, Any]:
-    """``[tool.replayable]`` of the nearest pyproject.toml at or above ``start`` (the cwd)."""
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file():
-            try:
-                data = tomllib.loads(candidate.read_text())
-            except (OSError, tomllib.TOMLDecodeError):
-                return {}
-            section = data.get("tool", {}).get("replayable", {})
-            return section if isinstance(section, dict) else {}
-    return {}
 
 
 class Settings:
@@ -59,24 +26,43 @@ class Settings:
 
     def __init__(self) -> None:
         cfg = project_config()
-        self.redactor = Redactor(extra_keys=cfg.get("redact_keys", ()))
         self.env_vars: tuple[str, ...] = (
             *cfg.get("env_vars", ()),
             *_split(os.environ.get("REPLAYABLE_CAPTURE_ENV", "")),
-        )
-        #: ``process`` (default) or ``thread``: where recorded events are persisted.
-        self.writer: str = os.environ.get("REPLAYABLE_WRITER") or cfg.get("writer", "process")
-        #: How much the writer process lowers its scheduling priority (``nice``, 0-19).
-        env_nice = os.environ.get("REPLAYABLE_WRITER_NICE")
-        self.writer_nice: int = (
-            _nice(env_nice, "$REPLAYABLE_WRITER_NICE")
-            if env_nice
-            else _nice(cfg.get("writer_nice", DEFAULT_NICE), "[tool.replayable] writer_nice")
         )
         #: Tool names replay treats as side-effecting even without ``side_effect=True``.
         self.side_effects: frozenset[str] = frozenset(
             (*cfg.get("side_effects", ()), *_split(os.environ.get("REPLAYABLE_SIDE_EFFECTS", "")))
         )
+
+    # The writer's options live with the writer; these read and set them.
+
+    @property
+    def redactor(self) -> Redactor:
+        """The redaction applied to everything recorded and to the requests replay compares."""
+        return options.redactor
+
+    @redactor.setter
+    def redactor(self, redactor: Redactor) -> None:
+        options.redactor = redactor
+
+    @property
+    def writer(self) -> str:
+        """``process`` (default) or ``thread``: where recorded events are persisted."""
+        return options.mode
+
+    @writer.setter
+    def writer(self, mode: str) -> None:
+        options.mode = parse_mode(mode)
+
+    @property
+    def writer_nice(self) -> int:
+        """How much the writer process lowers its scheduling priority (``nice``, 0-19)."""
+        return options.nice
+
+    @writer_nice.setter
+    def writer_nice(self, nice: int) -> None:
+        options.nice = parse_nice(nice)
 
 
 settings = Settings()
@@ -104,23 +90,17 @@ def configure(
     Redaction applies to everything recorded afterwards, and to the requests
     replay compares, so set it before recording.
     """
-    from replayable.capture.writer import _writers
-
     if redact_keys is not None or redact_patterns is not None:
-        settings.redactor = Redactor(
-            extra_keys=redact_keys or (), extra_patterns=redact_patterns or ()
-        )
-        for running in list(_writers.values()):
-            running.redactor = settings.redactor
+        redactor = Redactor(extra_keys=redact_keys or (), extra_patterns=redact_patterns or ())
+        settings.redactor = redactor
+        from replayable.capture.writer.registry import set_redactor
+
+        set_redactor(redactor)
     if env_vars is not None:
         settings.env_vars = tuple(env_vars)
     if side_effects is not None:
         settings.side_effects = frozenset(side_effects)
     if writer is not None:
-        if writer not in ("thread", "process"):
-            from replayable.errors import ConfigurationError
-
-            raise ConfigurationError(f"writer must be 'thread' or 'process', not {writer!r}")
         settings.writer = writer
     if writer_nice is not None:
-        settings.writer_nice = _nice(writer_nice)
+        settings.writer_nice = writer_nice

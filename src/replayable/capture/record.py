@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from replayable.capture.context import _STATE, State
-from replayable.capture.procwriter import ProcessWriter
 from replayable.capture.runtime import (
     DeferredRequest,
     OpenCall,
@@ -17,7 +16,8 @@ from replayable.capture.runtime import (
     WorkflowInfo,
     serialization_error,
 )
-from replayable.capture.writer import Writer
+from replayable.capture.writer.core import Writer
+from replayable.capture.writer.process import ProcessWriter
 from replayable.events.codec import UnencodableError, encode_error, encode_request, encode_value
 
 if TYPE_CHECKING:

@@ -206,7 +206,7 @@ class DeferredRequest(Protocol):
 
     ``raw`` holds plain values (bytes, strings, numbers, lists, dicts) that can
     cross to the writer process; ``builder`` names the function in
-    :mod:`replayable.capture.deferred` that builds the event from them.
+    :mod:`replayable.capture.writer.deferred` that builds the event from them.
     ``request`` and ``meta`` build the same values here, for the runs that
     must match the request at once.
     """

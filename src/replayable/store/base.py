@@ -185,6 +185,14 @@ class EventStore(ABC):
         """Flush pending writes and release connections; the store is unusable afterwards."""
         self.run_close_hooks()
 
+    def connect_url(self) -> str:
+        """The URL another process opens this very store with, credentials included.
+
+        Only for handing the store to the writer process: never print or log it
+        (``url`` is the one to show, with any password masked).
+        """
+        return self.url
+
     def interrupt(self) -> None:  # noqa: B027 - optional for backends without sockets
         """Abort a store call that hangs in another thread (a network read that will
         never be answered), so it fails and releases the store. No-op by default."""

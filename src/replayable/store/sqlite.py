@@ -12,7 +12,14 @@ from typing import Any
 import orjson
 
 from replayable._files import private_file
-from replayable.errors import AppendOnlyError, RunNotFoundError, SchemaVersionError, StoreError
+from replayable.errors import (
+    AppendOnlyError,
+    RunNotFoundError,
+    SchemaVersionError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store.base import EventStore, RunFilter, tag_value
 from replayable.store.rows import event_from_row, event_to_row, run_from_row
@@ -125,6 +132,24 @@ def _dumps(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
+def store_error(exc: sqlite3.Error | OSError, message: str) -> StoreError:
+    """The replayable error for a driver error (the one translation point of this store).
+
+    A locked or unopenable database, a full disk or a lost file is unavailable
+    (the writer spools and retries); a constraint is an append-only refusal;
+    any other database error refuses the data itself.
+    """
+    error: StoreError
+    if isinstance(exc, sqlite3.IntegrityError):
+        error = AppendOnlyError(message)
+    elif isinstance(exc, OSError | sqlite3.OperationalError | sqlite3.InterfaceError):
+        error = StoreUnavailableError(message)
+    else:
+        error = StoreRefusedError(message)
+    error.__cause__ = exc
+    return error
+
+
 class SQLiteStore(EventStore):
     """Runs in one SQLite file. Writes go through one connection; reads use one per thread."""
 
@@ -140,7 +165,7 @@ class SQLiteStore(EventStore):
                 # SQLite adds take the database file's mode.
                 private_file(self.path)
             except OSError as exc:
-                raise StoreError(f"cannot create {self.url}: {exc}") from exc
+                raise store_error(exc, f"cannot create {self.url}: {exc}") from exc
         self._write_lock = threading.Lock()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -166,7 +191,9 @@ class SQLiteStore(EventStore):
         except sqlite3.DatabaseError as exc:
             if conn is not None:
                 conn.close()
-            raise StoreError(f"{self.url} is not a usable replayable database: {exc}") from exc
+            raise store_error(
+                exc, f"{self.url} is not a usable replayable database: {exc}"
+            ) from exc
         return conn
 
     def _reader(self) -> sqlite3.Connection:
@@ -205,7 +232,9 @@ class SQLiteStore(EventStore):
                     c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(_DB_VERSION),))
                 c.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.url} is not a usable replayable database: {exc}") from exc
+            raise store_error(
+                exc, f"{self.url} is not a usable replayable database: {exc}"
+            ) from exc
 
     # -- writing ----------------------------------------------------------------
 
@@ -266,20 +295,23 @@ class SQLiteStore(EventStore):
                 _insert(c, f"INSERT INTO events ({_EVENT_COLS})", 20, event_rows)
                 _insert(c, f"INSERT INTO run_ends ({_END_COLS})", 8, end_rows)
                 c.execute("COMMIT")
-            except sqlite3.IntegrityError as exc:
-                c.execute("ROLLBACK")
-                raise AppendOnlyError(f"{self.url} refused the batch: {exc}") from exc
             except sqlite3.Error as exc:
                 if c.in_transaction:
                     c.execute("ROLLBACK")
-                raise StoreError(f"writing to {self.url} failed: {exc}") from exc
+                refused = isinstance(exc, sqlite3.IntegrityError)
+                raise store_error(
+                    exc,
+                    f"{self.url} refused the batch: {exc}"
+                    if refused
+                    else (f"writing to {self.url} failed: {exc}"),
+                ) from exc
 
     def put_blob(self, digest: str, data: bytes) -> None:
         with self._write_lock:
             try:
                 self._conn.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?)", (digest, data))
             except sqlite3.Error as exc:
-                raise StoreError(f"writing a blob to {self.url} failed: {exc}") from exc
+                raise store_error(exc, f"writing a blob to {self.url} failed: {exc}") from exc
 
     # -- reading ----------------------------------------------------------------
 
@@ -287,7 +319,7 @@ class SQLiteStore(EventStore):
         try:
             return self._reader().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
-            raise StoreError(f"reading {self.url} failed: {exc}") from exc
+            raise store_error(exc, f"reading {self.url} failed: {exc}") from exc
 
     def get_blob(self, digest: str) -> bytes | None:
         rows = self._query("SELECT data FROM blobs WHERE digest = ?", (digest,))

@@ -7,17 +7,24 @@ Every psycopg error is translated here, once, into the replayable error tree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.errors
 
-from replayable.errors import AppendOnlyError, ConfigurationError, StoreError
+from replayable.errors import (
+    AppendOnlyError,
+    ConfigurationError,
+    StoreAuthenticationError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 from replayable.store.postgres._schema import valid_identifier
 
-__all__ = ["PgTarget", "parse_url", "raise_store_error"]
+__all__ = ["PgTarget", "connect_error", "parse_url", "raise_store_error"]
 
 _SCHEMES = ("postgresql", "postgresql+psycopg")
 _TRUE = {"1", "true", "yes", "on"}
@@ -28,7 +35,8 @@ _FALSE = {"0", "false", "no", "off"}
 class PgTarget:
     """Where a PostgreSQL store lives and how replayable uses it."""
 
-    dsn: str
+    #: The libpq connection string, password included: never shown (see ``display``).
+    dsn: str = field(repr=False)
     display: str
     host: str
     port: int
@@ -41,6 +49,18 @@ class PgTarget:
     @property
     def where(self) -> str:
         return f"PostgreSQL at {self.host}:{self.port} (database {self.database!r})"
+
+    def url(self) -> str:
+        """A URL that opens this very store, credentials and options included (never shown)."""
+        options = {
+            "schema": self.schema,
+            "migrate": "true" if self.migrate else "false",
+            "connect_timeout": f"{self.connect_timeout:g}",
+        }
+        if self.tenant is not None:
+            options["tenant"] = self.tenant
+        sep = "&" if urlsplit(self.dsn).query else "?"
+        return self.dsn + sep + urlencode(options, quote_via=quote)
 
 
 def parse_url(url: str) -> PgTarget:
@@ -117,7 +137,7 @@ def connect(target: PgTarget) -> psycopg.Connection[tuple[Any, ...]]:
             application_name="replayable",
         )
     except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to {target.where}: {_reason(exc)}") from exc
+        raise connect_error(exc, target) from exc
     try:
         conn.execute(
             "SELECT set_config('replayable.tenant', %s, false), "
@@ -134,6 +154,34 @@ def _reason(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+#: libpq's words for a login the server refused (it gives no SQLSTATE before a session).
+_REFUSED_LOGIN = (
+    "authentication failed",
+    "no password supplied",
+    "is not permitted to log in",
+    "no pg_hba.conf entry",
+    "permission denied for database",
+)
+
+
+def connect_error(exc: psycopg.Error, target: PgTarget) -> StoreError:
+    """The replayable error for a failed connection attempt: a refused login or a missing
+    database is permanent (:class:`StoreAuthenticationError`, :class:`StoreRefusedError`);
+    anything else (no server, a timeout, too many clients) is an outage."""
+    reason = _reason(exc)
+    text = str(exc)
+    user = urlsplit(target.dsn).username or "(default)"
+    if any(words in text for words in _REFUSED_LOGIN) or (
+        "role " in text and "does not exist" in text
+    ):
+        return StoreAuthenticationError(
+            f"authentication failed for user {user} at {target.where}: {reason}"
+        )
+    if "database " in text and "does not exist" in text:
+        return StoreRefusedError(f"cannot connect to {target.where}: {reason}")
+    return StoreUnavailableError(f"cannot connect to {target.where}: {reason}")
+
+
 def raise_store_error(exc: psycopg.Error, target: PgTarget, action: str) -> NoReturn:
     """Raise the replayable error matching a psycopg error (the one translation point)."""
     sqlstate = getattr(exc, "sqlstate", None)
@@ -142,12 +190,15 @@ def raise_store_error(exc: psycopg.Error, target: PgTarget, action: str) -> NoRe
         raise AppendOnlyError(f"{target.display} refused the batch: {reason}") from exc
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         tenant = f" for tenant {target.tenant!r}" if target.tenant else ""
-        raise StoreError(f"{action} in {target.display} was refused{tenant}: {reason}") from exc
+        raise StoreRefusedError(
+            f"{action} in {target.display} was refused{tenant}: {reason}"
+        ) from exc
     if isinstance(exc, psycopg.errors.UndefinedTable):
-        raise StoreError(
+        raise StoreRefusedError(
             f"{target.display} has no replayable tables in schema {target.schema!r}; "
             f"run `replayable db upgrade` ({reason})"
         ) from exc
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        raise StoreError(f"{action} failed: lost {target.where}: {reason}") from exc
-    raise StoreError(f"{action} in {target.display} failed: {reason}") from exc
+        raise StoreUnavailableError(f"{action} failed: lost {target.where}: {reason}") from exc
+    # Any other database error (data, integrity, a constraint) refuses the data itself.
+    raise StoreRefusedError(f"{action} in {target.display} failed: {reason}") from exc

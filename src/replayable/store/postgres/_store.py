@@ -138,6 +138,9 @@ class PostgresStore(EventStore):
             self.close()
             raise
 
+    def connect_url(self) -> str:
+        return self.target.url()
+
     # -- connections -----------------------------------------------------------
 
     def _conn(self, write: bool) -> psycopg.Connection[tuple[Any, ...]]:

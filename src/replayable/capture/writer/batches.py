@@ -14,47 +14,36 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from replayable.capture.spool import SpoolBatch
+from replayable.capture.writer.spool import SpoolBatch
 from replayable.errors import (
-    AppendOnlyError,
     ConfigurationError,
     RunNotFoundError,
-    SchemaVersionError,
     SerializationError,
     StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
 )
 
 __all__ = ["Batch", "Committer", "Outcome", "Stalled", "Waiter", "is_permanent"]
 
 T = TypeVar("T")
 
-_PERMANENT = (
-    AppendOnlyError,
-    SchemaVersionError,
-    RunNotFoundError,
-    ConfigurationError,
-    SerializationError,
-)
+_PERMANENT = (StoreRefusedError, RunNotFoundError, ConfigurationError, SerializationError)
 
 
 def is_permanent(exc: BaseException) -> bool:
     """Whether a failed write would fail again however often it is retried.
 
-    Connection and availability failures are transient; refusals of the data
-    itself (a duplicate, a newer schema, a value the database cannot hold)
-    are permanent.
+    Decided from replayable's own error names, which each store maps its
+    driver's exceptions to: a :class:`StoreRefusedError` (a duplicate, a newer
+    schema, a value the database cannot hold, a refused login) is permanent;
+    a :class:`StoreUnavailableError`, any other :class:`StoreError` and an
+    ``OSError`` are transient. An exception outside the tree is a bug in the
+    store and would recur.
     """
     if isinstance(exc, _PERMANENT):
         return True
-    if isinstance(exc, StoreError):
-        cause = exc.__cause__
-        if cause is None or isinstance(cause, OSError):
-            return False
-        if type(cause).__name__ in ("OperationalError", "InterfaceError"):
-            return False  # lost connection, timeout, locked database, shutdown
-        # Any other database error (data, integrity, privilege) refuses the data itself.
-        return type(cause).__module__.split(".")[0] in ("psycopg", "sqlite3")
-    return not isinstance(exc, OSError)
+    return not isinstance(exc, StoreError | OSError)
 
 
 class Outcome(Generic[T]):
@@ -130,7 +119,7 @@ class Batch:
             waiter.resolve(error)
 
 
-class Stalled(StoreError):
+class Stalled(StoreUnavailableError):
     """A store call did not return within the writer's bound."""
 
 

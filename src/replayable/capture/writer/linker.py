@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import orjson
 
-from replayable.capture.deferred import expand
+from replayable.capture.writer.deferred import expand
 from replayable.events.canonical import (
     canonical,
     chain_hash,
@@ -35,7 +35,7 @@ __all__ = ["Chain", "Linker", "PendingEvent"]
 #: What a boundary hands off: (run_id, seq, kind, name, key, parent, call_site,
 #: request bytes, response bytes | None, tagged, error bytes | None,
 #: side_effect, started_at, duration_ns, metadata | None). A deferred event
-#: (see :mod:`~replayable.capture.deferred`) has its builder's name in place of
+#: (see :mod:`~replayable.capture.writer.deferred`) has its builder's name in place of
 #: ``tagged`` and raw parts in place of the request and response bytes.
 PendingEvent = tuple[
     str,
@@ -135,7 +135,7 @@ class Linker:
         chain = self.chain(run_id, chains)
         prev = chain.head
         index = chain.count
-        digest = chain_hash(
+        digest = self.hash(
             prev,
             (
                 run_id,
@@ -181,6 +181,13 @@ class Linker:
             prev_hash=prev,
             hash=digest,
         )
+
+    def hash(self, prev: str, fields: tuple[Any, ...]) -> str:
+        """An event's link: the hash of its fields after ``prev`` (the run's chain head).
+
+        The one place the writer hashes an event.
+        """
+        return chain_hash(prev, fields)
 
     def _metadata(self, meta: dict[str, Any]) -> dict[str, Any]:
         """An event's metadata as JSON values, with secrets redacted: an LLM call's

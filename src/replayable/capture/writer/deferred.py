@@ -4,7 +4,7 @@ An HTTP call through the seam is the case in point: its request body must be
 parsed, an LLM call described (model, messages, usage, output) and a stream
 assembled before the event exists. None of that decides what the agent does
 next, so a recording run hands the raw parts to the writer (in the writer
-process, off the agent's interpreter) and the :class:`~replayable.capture.linker.Linker`
+process, off the agent's interpreter) and the :class:`~replayable.capture.writer.linker.Linker`
 calls the builder the hand-off names. A builder is a function
 ``(kind, name, raw request, raw response | None, metadata | None) ->
 (request bytes, response bytes | None, tagged, metadata)``, imported where it

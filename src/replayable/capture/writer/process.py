@@ -7,7 +7,7 @@ that makes calls in a tight loop pays for all of it. A :class:`ProcessWriter`
 has the same interface, but its hot path only encodes the hand-off with
 msgpack (C) and appends it to a list. One forwarding thread per process
 writes the encoded records to a pipe in frames, and one child process
-(``python -m replayable.capture._child``), shared by every store this process
+(``python -m replayable.capture.writer._child``), shared by every store this process
 records to, runs an ordinary ``Writer`` per store against its own connection:
 redaction, chains, group commit, the outage spool, all of it.
 
@@ -32,16 +32,17 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from replayable.capture.channel import WAKE_AT, current_channel
+from replayable.capture.writer.channel import WAKE_AT, current_channel
+from replayable.capture.writer.core import Writer
+from replayable.capture.writer.handoff import ENCODER as _ENCODER
+from replayable.capture.writer.handoff import apply, decode, encode, plain
 from replayable.errors import StoreError
-from replayable.events.codec import encode_request
 from replayable.events.redaction import Redactor
 
 if TYPE_CHECKING:
-    from replayable.capture.linker import PendingEvent
-    from replayable.capture.writer import Writer
+    from collections.abc import Callable
+
+    from replayable.capture.writer.linker import PendingEvent
     from replayable.events.model import RunStart
     from replayable.store.base import EventStore
 
@@ -49,8 +50,6 @@ __all__ = ["ProcessWriter"]
 
 log = logging.getLogger("replayable.writer")
 
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder()
 #: Records one store may have waiting for the forwarder before the hot path waits too.
 MAX_QUEUED = 65_536
 
@@ -74,6 +73,8 @@ class ProcessWriter:
         self.on_store_failure = on_store_failure
         self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
         self.last_error: BaseException | None = None
+        #: Called once the writer has closed (its registry forgets it).
+        self.on_close: Callable[[], None] | None = None
         self._redactor = redactor
         self._buf: list[bytes] = []
         self._closing = False
@@ -83,6 +84,8 @@ class ProcessWriter:
         self._pid = os.getpid()
         config = {
             "url": store.url,
+            # The credentials travel down the pipe, never in argv, a log or an error.
+            "open": store.connect_url(),
             "redact_keys": sorted(redactor.keys),
             "redact_patterns": list(redactor.patterns),
             "max_block_s": max_block_s,
@@ -104,12 +107,12 @@ class ProcessWriter:
     def event(self, pending: PendingEvent, durable: bool = False) -> None:
         """Hand off one event; with ``durable`` return once the child committed it."""
         if durable:
-            self._send_and_wait(_encode("e", pending))
+            self._send_and_wait(encode("e", pending))
             return
         try:
             data = _ENCODER.encode(("e", pending))
         except TypeError:
-            data = _ENCODER.encode(("e", _plain(pending)))
+            data = _ENCODER.encode(("e", plain(pending)))
         buf = self._buf
         buf.append(data)
         if self._fallback is not None:  # the child ended while this call was on its way
@@ -180,8 +183,6 @@ class ProcessWriter:
 
     def _fall_back(self, exc: BaseException) -> None:
         """Write what was not sent, and everything after it, in this process."""
-        from replayable.capture.writer import Writer
-
         self.last_error = exc
         fallback = Writer(
             self.store,
@@ -213,8 +214,8 @@ class ProcessWriter:
             records = buf[:n]
             del buf[:n]
             for data in records:
-                kind, item = _DECODER.decode(data)
-                _apply(fallback, kind, item)
+                kind, item = decode(data)
+                apply(fallback, kind, item)
 
     # -- the rest of the Writer interface ----------------------------------------------
 
@@ -298,41 +299,5 @@ class ProcessWriter:
             self._channel.wake.set()
             if self._fallback is not None:
                 self._fallback.close()
-            from replayable.capture.writer import _writers, _writers_lock
-
-            with _writers_lock:
-                if _writers.get(self.store) is self:
-                    del _writers[self.store]
-
-
-def _encode(kind: str, pending: Any) -> bytes:
-    try:
-        return _ENCODER.encode((kind, pending))
-    except TypeError:
-        return _ENCODER.encode((kind, _plain(pending)))
-
-
-def _plain(pending: PendingEvent) -> tuple[Any, ...]:
-    """The hand-off with its metadata reduced to JSON values (an SDK may pass a class
-    as ``response_format``), so that it can cross the pipe."""
-    items = list(pending)
-    meta = items[14]
-    if meta:
-        import orjson
-
-        items[14] = orjson.loads(encode_request(meta))
-    return tuple(items)
-
-
-def _apply(writer: Writer, kind: str, item: Any) -> None:
-    """Hand one decoded record to an in-process writer."""
-    from replayable.events.model import RunStart
-
-    if kind == "e":
-        writer.event(item)
-    elif kind == "s":
-        writer.start(msgspec.convert(item, RunStart))
-    elif kind == "x":
-        writer.end(tuple(item), False)
-    elif kind == "b":
-        writer.blob(item[0], item[1])
+            if self.on_close is not None:
+                self.on_close()

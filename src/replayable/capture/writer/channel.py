@@ -1,7 +1,7 @@
 """The pipe to this process's writer process, and the two threads that serve it.
 
 One :class:`Channel` per agent process (started by the first
-:class:`~replayable.capture.procwriter.ProcessWriter`, replaced if it dies,
+:class:`~replayable.capture.writer.process.ProcessWriter`, replaced if it dies,
 forgotten in a forked child): a forwarding thread sends each store's records
 in frames, an answer-reading thread settles the :class:`Reply` of each flush,
 durable record and question. If the child ends, or either thread fails, every
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from replayable.capture.batches import Outcome
+from replayable.capture.writer.batches import Outcome
 
 if TYPE_CHECKING:
-    from replayable.capture.procwriter import ProcessWriter
+    from replayable.capture.writer.process import ProcessWriter
 
 __all__ = ["INTERVAL", "WAKE_AT", "Channel", "Reply", "current_channel"]
 
@@ -60,11 +60,11 @@ class Channel:
         self.dead: BaseException | None = None
         self.closing = False
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        from replayable.capture.config import settings
+        from replayable.capture.writer.options import options
 
-        nice = str(settings.writer_nice)
+        nice = str(options.nice)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replayable.capture._child", "--nice", nice],
+            [sys.executable, "-m", "replayable.capture.writer._child", "--nice", nice],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

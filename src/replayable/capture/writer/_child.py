@@ -1,4 +1,4 @@
-"""The writer process behind :class:`~replayable.capture.procwriter.ProcessWriter`.
+"""The writer process behind :class:`~replayable.capture.writer.process.ProcessWriter`.
 
 Reads length-prefixed msgpack frames from stdin. A frame is an array: the
 number of the store it is for, then that store's records in order. The first
@@ -26,8 +26,8 @@ from typing import Any
 
 import msgspec
 
-from replayable.capture.procwriter import _apply
-from replayable.capture.writer import Writer
+from replayable.capture.writer.core import Writer
+from replayable.capture.writer.handoff import apply
 from replayable.errors import StoreError
 from replayable.events.redaction import Redactor
 from replayable.store import open_store
@@ -35,15 +35,23 @@ from replayable.store.base import EventStore
 
 
 class _LazyStore:
-    """A store opened on first use, so that opening it fails like any other store call."""
+    """A store opened on first use, so that opening it fails like any other store call.
 
-    def __init__(self, url: str) -> None:
+    ``url`` is the store's shown URL (password masked), which names its spool
+    and appears in messages; ``open_url`` carries the credentials.
+    """
+
+    def __init__(self, url: str, open_url: str | None = None) -> None:
         self.url = url
+        self._open_url = open_url or url
         self._store: EventStore | None = None
+
+    def __repr__(self) -> str:
+        return f"<store {self.url}>"
 
     def _get(self) -> EventStore:
         if self._store is None:
-            self._store = open_store(self.url)
+            self._store = open_store(self._open_url)
         return self._store
 
     def __getattr__(self, name: str) -> Any:
@@ -73,7 +81,7 @@ def _redactor(keys: list[str], patterns: list[str]) -> Redactor:
 
 
 def _open(config: dict[str, Any]) -> tuple[Writer, _LazyStore]:
-    store = _LazyStore(config["url"])
+    store = _LazyStore(config["url"], config.get("open"))
     writer = Writer(
         store,  # type: ignore[arg-type]
         redactor=_redactor(config["redact_keys"], config["redact_patterns"]),
@@ -146,7 +154,7 @@ def main() -> int:
                 elif kind == "r":
                     writer.redactor = _redactor(*item)
                 else:
-                    _apply(writer, kind, item)
+                    apply(writer, kind, item)
             if events and writer is not None:
                 writer.events(events)
             if not (tickets or close or queries):

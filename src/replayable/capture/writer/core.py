@@ -1,0 +1,421 @@
+"""The in-process writer: the hot path hands records off, a thread persists them.
+
+One writer per store. Boundaries append a raw record to a deque (no lock, no
+hashing, no I/O); the writer thread drains it in batches, redacts and
+fingerprints requests, links each run's hash chain (the
+:class:`~replayable.capture.writer.linker.Linker`), and writes the batch in
+one transaction (group commit). A durable caller waits on its own record's
+waiter, so many threads share one commit.
+
+A batch is built once: its hash chain links are final from then on, and every
+retry, spool and drain sends the very same records, so a batch the store had
+committed without acknowledging is recognised (by the PostgreSQL store's batch
+digest, or record by record) and never written twice.
+
+Store calls run on a committer thread and the writer waits for each at most
+``0.4 * max_block_s``; a call that takes longer counts as a stalled store.
+What happens then is :mod:`~replayable.capture.writer.outage`'s concern (the
+spool, ``spool_dir``, default ``$REPLAYABLE_SPOOL_DIR`` or
+``./.replayable/spool``), and a batch refused for good is
+:mod:`~replayable.capture.writer.refusals`'s.
+
+``on_store_failure`` chooses what the agent sees during an outage:
+
+* ``"spool"`` (fail-open, the default): the agent keeps running. A durable
+  boundary returns once its record is fsynced in the spool.
+* ``"raise"`` (fail-closed): handed-off records are still spooled, but every
+  boundary raises :class:`StoreError` until the spool has drained, and a
+  durable boundary raises instead of returning.
+
+Either way a durable boundary waits at most ``max_block_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from replayable.capture.writer.backoff import Backoff
+from replayable.capture.writer.batches import Batch, Committer, Waiter, is_permanent
+from replayable.capture.writer.linker import Chain, Linker, PendingEvent
+from replayable.capture.writer.outage import Outage
+from replayable.capture.writer.refusals import Refusals
+from replayable.capture.writer.spool import SpoolBatch
+from replayable.errors import ConfigurationError, StoreError
+from replayable.events.model import RunStart
+from replayable.events.redaction import Redactor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from replayable.capture.writer.options import OnStoreFailure
+    from replayable.store.base import EventStore
+
+__all__ = ["PendingEvent", "Writer", "default_spool_dir"]
+
+log = logging.getLogger("replayable.writer")
+
+_EVENT, _START, _END, _BLOB, _MARK = range(5)
+_LETTER = {_EVENT: "e", _START: "s", _END: "x", _BLOB: "b"}
+
+
+def default_spool_dir() -> Path:
+    """``$REPLAYABLE_SPOOL_DIR``, else ``.replayable/spool`` under the current directory."""
+    return Path(os.environ.get("REPLAYABLE_SPOOL_DIR") or ".replayable/spool").absolute()
+
+
+class Writer:
+    """Batches records into the store from a daemon thread."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        redactor: Redactor | None = None,
+        batch_size: int = 2048,
+        interval: float = 0.02,
+        durable_timeout: float = 30.0,
+        max_block_s: float = 5.0,
+        on_store_failure: OnStoreFailure = "spool",
+        spool_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.store = store
+        self._linker = Linker(store, redactor or Redactor())
+        self.batch_size = batch_size
+        self.interval = interval
+        self.durable_timeout = durable_timeout
+        self.max_block_s = 5.0
+        self.on_store_failure: OnStoreFailure = "spool"
+        self._queue: collections.deque[tuple[int, Any, Waiter | None]] = collections.deque()
+        self._wake = threading.Event()
+        self._closed = False
+        self.last_error: BaseException | None = None
+        #: Called once the writer has closed (its registry forgets it).
+        self.on_close: Callable[[], None] | None = None
+        self._backoff = Backoff()
+        self._committer = Committer()
+        self._refusals = Refusals(
+            store, self._committer, self._commit, lambda: self.stall_s, lambda: self.spool_dir
+        )
+        # Touched only by the writer thread once it runs.
+        self._outage = outage = Outage(
+            store, self._committer, self._commit, self._refusals, self._backoff,
+            lambda: self.stall_s,
+        )  # fmt: skip
+        outage.on_down, outage.on_up = self._went_down, self._came_back
+        outage.refusal = self._outage_refusal
+        outage.on_error = self._set_error
+        self._pid = os.getpid()
+        self.configure(
+            max_block_s=max_block_s,
+            on_store_failure=on_store_failure,
+            spool_dir=spool_dir if spool_dir is not None else default_spool_dir(),
+        )
+        self._thread = threading.Thread(target=self._loop, name="replayable-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def redactor(self) -> Redactor:
+        """The redaction applied to every record this writer builds."""
+        return self._linker.redactor
+
+    @redactor.setter
+    def redactor(self, redactor: Redactor) -> None:
+        self._linker.redactor = redactor
+
+    @property
+    def spool_dir(self) -> Path | None:
+        """Where batches go while the store is unavailable (``None``: kept in memory)."""
+        return self._outage.spool_dir
+
+    def configure(
+        self,
+        *,
+        max_block_s: float | None = None,
+        on_store_failure: OnStoreFailure | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Change the outage settings (see the module docstring)."""
+        if on_store_failure is not None:
+            if on_store_failure not in ("spool", "raise"):
+                raise ConfigurationError(
+                    f"on_store_failure must be 'spool' or 'raise', not {on_store_failure!r}"
+                )
+            self.on_store_failure = on_store_failure
+        if max_block_s is not None:
+            if not max_block_s > 0:
+                raise ConfigurationError(f"max_block_s must be positive, not {max_block_s!r}")
+            self.max_block_s = float(max_block_s)
+        in_memory = self.store.url.startswith("memory:")
+        if spool_dir is not None and not in_memory and self._outage.set_dir(Path(spool_dir)):
+            self._wake.set()
+
+    @property
+    def stall_s(self) -> float:
+        """How long the writer waits for one store call before it treats the store as stalled."""
+        return max(0.05, 0.4 * self.max_block_s)
+
+    # -- hot path -----------------------------------------------------------
+
+    def event(self, pending: PendingEvent, durable: bool = False) -> None:
+        """Hand off one event; with ``durable`` return only once it is committed."""
+        if not durable:
+            queue = self._queue
+            queue.append((_EVENT, pending, None))
+            if len(queue) >= self.batch_size and not self._wake.is_set():
+                self._wake.set()
+            return
+        self._submit_and_wait(_EVENT, pending)
+
+    def events(self, pending: list[PendingEvent]) -> None:
+        """Hand off many buffered events at once (the writer process does)."""
+        self._queue.extend([(_EVENT, p, None) for p in pending])
+        if len(self._queue) >= self.batch_size:
+            self._wake.set()
+
+    def _refusing_event(self, pending: PendingEvent, durable: bool = False) -> None:
+        # Installed as ``self.event`` while a fail-closed writer is in an outage,
+        # so the normal path pays nothing for the check.
+        if durable:
+            self._submit_and_wait(_EVENT, pending)
+        else:
+            self._queue.append((_EVENT, pending, None))
+        self._raise_down()
+
+    def _raise_down(self) -> None:
+        down = self._outage.down
+        if down is not None and self.on_store_failure == "raise":
+            raise self._refusal(down)
+
+    def _refusal(self, down: StoreError) -> StoreError:
+        where = f" (records are kept in {self.spool_dir})" if self.spool_dir else ""
+        error = StoreError(
+            f"{self.store.url} is unavailable and on_store_failure='raise'{where}: {down}"
+        )
+        error.__cause__ = down
+        return error
+
+    def start(self, start: RunStart, durable: bool = False) -> None:
+        if durable:
+            self._submit_and_wait(_START, start)
+        else:
+            self._queue.append((_START, start, None))
+        self._raise_down()
+
+    def end(self, end: tuple[str, str, bytes | None, bytes | None, float], durable: bool) -> None:
+        """Hand off a run's outcome; the writer adds the chain head and count."""
+        if durable:
+            self._submit_and_wait(_END, end)
+        else:
+            self._queue.append((_END, end, None))
+            self._wake.set()
+
+    def blob(self, digest: str, data: bytes) -> None:
+        self._queue.append((_BLOB, (digest, data), None))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Return once everything handed off so far is committed (or, fail-open, spooled)."""
+        if threading.current_thread() is self._thread or self._closed or self._pid != os.getpid():
+            return
+        self._submit_and_wait(_MARK, None, self.durable_timeout if timeout is None else timeout)
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until every spooled batch is in the store; ``False`` if it is not by ``timeout``."""
+        self._backoff.now()
+        self._wake.set()
+        return self._outage.drained.wait(timeout)
+
+    @property
+    def spooled(self) -> bool:
+        """Whether records wait in a spool or in memory for the store to come back."""
+        return not self._outage.drained.is_set()
+
+    def _submit_and_wait(self, kind: int, item: Any, timeout: float | None = None) -> None:
+        waiter = Waiter()
+        self._queue.append((kind, item, waiter))
+        self._wake.set()
+        bound = self.max_block_s if timeout is None else timeout
+        if not waiter.done.wait(bound):
+            raise StoreError(
+                f"the store {self.store.url} did not commit within {bound:g}s"
+                + (f": {self.last_error}" if self.last_error else "")
+            )
+        if waiter.outcome is not None:
+            raise StoreError(f"writing to {self.store.url} failed: {waiter.outcome}") from (
+                waiter.outcome
+            )
+
+    # -- outage hooks (writer thread) ----------------------------------------
+
+    def _went_down(self) -> None:
+        if self.on_store_failure == "raise":
+            self.__dict__["event"] = self._refusing_event
+
+    def _came_back(self) -> None:
+        self.__dict__.pop("event", None)
+
+    def _outage_refusal(self) -> StoreError | None:
+        down = self._outage.down
+        if self.on_store_failure != "raise" or down is None:
+            return None
+        return self._refusal(down)
+
+    def _set_error(self, error: BaseException | None) -> None:
+        self.last_error = error
+
+    # -- writer thread ------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            try:
+                if self._step():
+                    return
+            except Exception as exc:
+                # The thread must outlive any bug of its own: a dead writer would
+                # silently drop every record handed to it afterwards.
+                log.exception("replayable: the writer for %s hit an error", self.store.url)
+                self.last_error = exc
+                self._backoff.pause()
+
+    def _step(self) -> bool:
+        """One round of the writer thread; ``True`` once it has shut down."""
+        queue = self._queue
+        outage = self._outage
+        while queue:
+            # Only this thread takes from the queue: what it counts is there.
+            pop = queue.popleft
+            raw: list[tuple[int, Any, Waiter | None]] = [
+                pop() for _ in range(min(len(queue), self.batch_size))
+            ]
+            try:
+                batch = self._build(raw)
+            except StoreError as exc:
+                # Building an end record may need the run's start from the store;
+                # nothing has advanced, so put the batch back and retry later.
+                self.last_error = exc
+                self._queue.extendleft(reversed(raw))
+                self._backoff.pause()
+                break
+            self._persist(batch)
+            if outage.due():
+                outage.drain_some()
+        if outage.due():
+            outage.drain_some()
+        if self._closed and not self._queue:
+            self._committer.stop()
+            outage.release()
+            return True
+        return False
+
+    # -- persisting ---------------------------------------------------------
+
+    def _store_write(self, data: SpoolBatch, durable: bool) -> None:
+        for digest, blob in data.blobs:
+            self.store.put_blob(digest, blob)
+        if data.starts or data.events or data.ends:
+            self.store.append(data.starts, data.events, data.ends, durable=durable)
+
+    def _commit(self, batch: Batch) -> Exception | None:
+        data = batch.data
+        _, error = self._committer.call(
+            lambda: self._store_write(data, batch.durable),
+            self.stall_s,
+            f"writing to {self.store.url}",
+        )
+        return error
+
+    def _persist(self, batch: Batch) -> None:
+        outage = self._outage
+        if outage.backlogged():
+            outage.hold(batch, outage.down or StoreError(f"{self.store.url} is unavailable"))
+            return
+        error = self._commit(batch)
+        if error is None:
+            outage.succeeded()
+            batch.resolve(None)
+            return
+        if is_permanent(error):
+            error = self._refusals.split(batch, error)
+            if error is None:
+                outage.succeeded()
+                return
+        outage.failed(error)
+        outage.hold(batch, error)
+
+    # -- building -----------------------------------------------------------
+
+    def _build(self, raw: list[tuple[int, Any, Waiter | None]]) -> Batch:
+        data = SpoolBatch()
+        owned: dict[int, Waiter] = {}
+        marks: list[Waiter] = []
+        refused: list[tuple[str, Any, Exception]] = []
+        durable = False
+        # Chains advance only once the whole batch is built, so a batch put back
+        # after a failed lookup is rebuilt identically.
+        chains: dict[str, Chain] = {}
+        ended: list[str] = []
+        linker = self._linker
+        for kind, item, waiter in raw:
+            durable = durable or waiter is not None
+            if kind == _MARK:
+                if waiter is not None:
+                    marks.append(waiter)
+                continue
+            try:
+                if kind == _EVENT:
+                    record: Any = linker.event(item, chains)
+                elif kind == _START:
+                    record = linker.start(item)
+                elif kind == _END:
+                    record = linker.end(item, chains)
+                    ended.append(record.run_id)
+                else:
+                    record = item
+            except Exception as exc:
+                if isinstance(exc, StoreError) and not is_permanent(exc):
+                    raise  # the store is needed to build it: try the batch again later
+                # A record that cannot be built never will be.
+                refused.append((_LETTER[kind], item, exc))
+                if waiter is not None:
+                    waiter.resolve(exc)
+                continue
+            if kind == _START:
+                linker.starts[record.run_id] = record
+            data.add(_LETTER[kind], record)
+            if waiter is not None:
+                owned[id(record)] = waiter
+        linker.commit(chains, ended)
+        if refused:
+            self._refusals.report(refused)
+        return Batch(data, owned, marks, durable)
+
+    def close(self) -> None:
+        """Flush, give a pending spool a short chance to drain, and stop the thread.
+
+        A spool that cannot drain now stays on disk for the next writer of the store.
+        """
+        if self._closed or self._pid != os.getpid():
+            return  # closed already, or a forked child's copy: the parent owns it
+        try:
+            try:
+                self.flush(timeout=self.durable_timeout)
+            except StoreError:
+                if self._outage.spool is None:
+                    raise
+                # Fail-closed: the records are safe in the spool; closing is not the agent.
+            if self.spooled:
+                self.drain(timeout=self.max_block_s)
+        finally:
+            self._closed = True
+            self._wake.set()
+            if threading.current_thread() is not self._thread:
+                # Let the thread release its spool, so the next writer can adopt it.
+                self._thread.join(timeout=self.max_block_s)
+            if self.on_close is not None:
+                self.on_close()
