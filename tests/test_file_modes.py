@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import replayable
 from replayable._files import private_dir, write_private
-from replayable.capture.spool import Spool, append_rejects
+from replayable.capture.writer.spool import Spool, append_rejects
 from replayable.cli import app
 from replayable.store.sqlite import SQLiteStore
 
