@@ -13,6 +13,7 @@ text chunks an answer has.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -280,50 +281,74 @@ class _Handler(BaseHTTPRequestHandler):
             )
         ]
         n = 1
-        if not s.tool:
-            item = {**output[0], "status": "in_progress", "content": []}
+
+        def add(event: str, **fields: Any) -> None:
+            nonlocal n
+            events.append((event, {"type": event, "sequence_number": n, **fields}))
+            n += 1
+
+        item = output[0]
+        if s.tool:
+            add(
+                "response.output_item.added",
+                output_index=0,
+                item={**item, "arguments": "", "status": "in_progress"},
+            )
+            args = item["arguments"]
+            half = len(args) // 2
+            for part in (args[:half], args[half:]):
+                add(
+                    "response.function_call_arguments.delta",
+                    item_id="fc_1",
+                    output_index=0,
+                    delta=part,
+                )
+            add(
+                "response.function_call_arguments.done",
+                item_id="fc_1",
+                output_index=0,
+                name=s.tool,
+                arguments=args,
+            )
+        else:
             part = {"type": "output_text", "text": "", "annotations": []}
-            events.append(
-                (
-                    "response.output_item.added",
-                    {
-                        "type": "response.output_item.added",
-                        "sequence_number": n,
-                        "output_index": 0,
-                        "item": item,
-                    },
-                )
+            add(
+                "response.output_item.added",
+                output_index=0,
+                item={**item, "status": "in_progress", "content": []},
             )
-            events.append(
-                (
-                    "response.content_part.added",
-                    {
-                        "type": "response.content_part.added",
-                        "sequence_number": n + 1,
-                        "item_id": "msg_1",
-                        "output_index": 0,
-                        "content_index": 0,
-                        "part": part,
-                    },
-                )
+            add(
+                "response.content_part.added",
+                item_id="msg_1",
+                output_index=0,
+                content_index=0,
+                part=part,
             )
-            n += 2
             for p in s.pieces:
-                events.append(
-                    (
-                        "response.output_text.delta",
-                        {
-                            "type": "response.output_text.delta",
-                            "sequence_number": n,
-                            "item_id": "msg_1",
-                            "output_index": 0,
-                            "content_index": 0,
-                            "delta": p,
-                            "logprobs": [],
-                        },
-                    )
+                add(
+                    "response.output_text.delta",
+                    item_id="msg_1",
+                    output_index=0,
+                    content_index=0,
+                    delta=p,
+                    logprobs=[],
                 )
-                n += 1
+            add(
+                "response.output_text.done",
+                item_id="msg_1",
+                output_index=0,
+                content_index=0,
+                text=s.text,
+                logprobs=[],
+            )
+            add(
+                "response.content_part.done",
+                item_id="msg_1",
+                output_index=0,
+                content_index=0,
+                part={**part, "text": s.text},
+            )
+        add("response.output_item.done", output_index=0, item=item)
         events.append(
             (
                 "response.completed",
@@ -426,6 +451,11 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     provider: FakeProvider
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that drops its keep-alive connection is normal, not a server error.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class FakeProvider:
     """A running fake provider; ``with FakeProvider() as p:`` starts and stops it."""
@@ -476,8 +506,6 @@ def main() -> None:
 
     Prints the port on the first line of stdout.
     """
-    import sys
-
     with FakeProvider() as provider:
         if len(sys.argv) > 1:
             provider.chunks = int(sys.argv[1])

@@ -184,6 +184,8 @@ class OpenCall:
     #: event: end it with :meth:`finish_deferred` and the raw outcome.
     deferred: bool = False
     seq: int = 0
+    #: The call's causal position (calls nested under it are keyed below it).
+    key: str | None = None
     metadata: dict[str, Any]
 
     def value(self) -> Any:

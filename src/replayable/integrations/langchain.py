@@ -14,33 +14,44 @@ model and tool goes through:
   model, so the HTTP request beneath it is neither made nor recorded.
 - ``BaseTool.run`` / ``arun``: one ``tool`` event named after the tool, whose
   request is the arguments the model gave (injected arguments such as
-  ``ToolRuntime`` or ``InjectedState`` left out) and the tool call id. A
-  replay returns the recorded output (a ``ToolMessage`` when called with a
-  tool call). Tools named in ``side_effects``, or with
-  ``metadata={"side_effect": True}``, are side-effecting: a fork serves them
-  from the tape unless they are named in ``allow_live``.
+  ``ToolRuntime`` or ``InjectedState`` left out) and the tool call id. The
+  boundaries the tool's own code crosses (a ``@replayable.tool``, an HTTP
+  call) are events nested under it (their ``parent`` is the tool's step). On
+  replay a tool that made such calls runs again and they are served and
+  matched one by one, so a changed argument inside a tool is a divergence; a
+  tool that made none is served whole (the recorded output, a ``ToolMessage``
+  when called with a tool call). Tools named in ``side_effects``, or with
+  ``metadata={"side_effect": True}``, are side-effecting: always served whole,
+  and a fork serves them from the tape unless they are named in ``allow_live``.
 
-Callbacks see live calls only: on replay, ``on_llm_start``/``on_tool_start``
-and token callbacks are not fired for served calls. ``model.stream()`` called
-directly is not intercepted here; the HTTP seam still records the provider
-request under it.
+A model that streams (``stream_mode="messages"``, ``astream_events``, a
+callback handler that asks for tokens) hands its chunks to the callbacks
+while it generates; they are recorded with the result, and a replay hands the
+same chunks to the callbacks again, so a token stream replays token for
+token. ``on_llm_start``/``on_llm_end`` fire around a served model call; a tool
+served whole fires no tool callbacks (one that runs again fires them). ``model.stream()`` called directly is not intercepted here;
+the HTTP seam still records the provider request under it.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
+import sysconfig
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from replayable.capture.context import _STATE, State, active_state
+from replayable.capture.context import _STATE, Lineage, State, active_state
 
-__all__ = ["instrument", "instrumented", "side_effect_tools"]
+__all__ = ["instrument", "instrumented", "side_effect_tools", "uninstrument"]
 
+_STDLIB = sysconfig.get_paths()["stdlib"]
 _lock = threading.Lock()
 _installed = False
 _side_effects: set[str] = set()
+_originals: list[tuple[type, str, Any]] = []
 _PARAMS = (
     "tool_choice",
     "response_format",
@@ -73,21 +84,37 @@ def instrument(*, side_effects: Iterable[str] = ()) -> None:
         from langchain_core.language_models.chat_models import BaseChatModel
         from langchain_core.tools import BaseTool
 
-        BaseChatModel._generate_with_cache = _wrap_generate(BaseChatModel._generate_with_cache)  # type: ignore[method-assign]
-        BaseChatModel._agenerate_with_cache = _wrap_agenerate(  # type: ignore[method-assign]
-            BaseChatModel._agenerate_with_cache
-        )
-        BaseTool.run = _wrap_run(BaseTool.run)  # type: ignore[method-assign]
-        BaseTool.arun = _wrap_arun(BaseTool.arun)  # type: ignore[method-assign]
+        for cls, attr, wrap in (
+            (BaseChatModel, "_generate_with_cache", _wrap_generate),
+            (BaseChatModel, "_agenerate_with_cache", _wrap_agenerate),
+            (BaseTool, "run", _wrap_run),
+            (BaseTool, "arun", _wrap_arun),
+        ):
+            original = getattr(cls, attr)
+            _originals.append((cls, attr, original))
+            setattr(cls, attr, wrap(original))
         _installed = True
 
 
+def uninstrument() -> None:
+    """Put LangChain's own methods back (the HTTP seam alone records again)."""
+    global _installed
+    with _lock:
+        while _originals:
+            cls, attr, original = _originals.pop()
+            setattr(cls, attr, original)
+        _installed = False
+
+
 def _site() -> str | None:
-    # The first frame outside langchain, langgraph and this module: the agent's node.
+    # The first frame outside langchain, langgraph, this package and the standard
+    # library (a thread pool running a node): the agent's node or tool.
     f = sys._getframe(2)
     while f is not None:
         module = f.f_globals.get("__name__") or ""
-        if not module.startswith(("langchain", "langgraph", "replayable.integrations")):
+        if not module.startswith(("langchain", "langgraph", "replayable.integrations")) and (
+            not f.f_code.co_filename.startswith(_STDLIB)
+        ):
             return f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
         f = f.f_back  # type: ignore[assignment]
     return None
@@ -178,10 +205,10 @@ def _identity(model: Any) -> Any:
     return {k: v for k, v in params.items() if "key" not in k.lower()}
 
 
-def _encode_result(result: Any) -> dict[str, Any]:
+def _encode_result(result: Any, streamed: list[tuple[str, Any, Any]] | None) -> dict[str, Any]:
     from langchain_core.messages import message_to_dict
 
-    return {
+    out: dict[str, Any] = {
         "generations": [
             {
                 "message": message_to_dict(g.message),
@@ -191,6 +218,32 @@ def _encode_result(result: Any) -> dict[str, Any]:
         ],
         "llm_output": result.llm_output,
     }
+    if streamed:
+        out["streamed"] = [
+            [what, token, _encode_chunk(chunk) if what == "token" else chunk]
+            for what, token, chunk in streamed
+        ]
+    return out
+
+
+def _encode_chunk(chunk: Any) -> Any:
+    from langchain_core.messages import message_to_dict
+
+    if chunk is None:
+        return None
+    return {"message": message_to_dict(chunk.message), "generation_info": chunk.generation_info}
+
+
+def _decode_chunk(value: Any) -> Any:
+    from langchain_core.messages import messages_from_dict
+    from langchain_core.outputs import ChatGenerationChunk
+
+    if value is None:
+        return None
+    return ChatGenerationChunk(
+        message=messages_from_dict([value["message"]])[0],  # type: ignore[arg-type]
+        generation_info=value.get("generation_info"),
+    )
 
 
 def _decode_result(value: Any) -> Any:
@@ -205,6 +258,86 @@ def _decode_result(value: Any) -> Any:
         for g in value["generations"]
     ]
     return ChatResult(generations=gens, llm_output=value.get("llm_output"))
+
+
+# Streaming callbacks. A model that streams (``stream_mode="messages"``,
+# ``astream_events``, a callback handler asking for tokens) hands each chunk to
+# the run manager while it generates. A served result has no generation, so the
+# chunks are recorded with the result and handed to the run manager again on
+# replay, in order: whoever listens sees what it saw live.
+_STREAM_HOOKS = ("on_llm_new_token", "on_stream_event")
+
+
+def _tap(run_manager: Any) -> list[tuple[str, Any, Any]] | None:
+    """Record what the model streams to ``run_manager`` while it passes it on."""
+    if run_manager is None:
+        return None
+    taken: list[tuple[str, Any, Any]] = []
+    for hook in _STREAM_HOOKS:
+        original = getattr(run_manager, hook, None)
+        if original is not None:
+            setattr(run_manager, hook, _tapped(hook, original, taken))
+    return taken
+
+
+def _tapped(hook: str, original: Callable[..., Any], taken: list[tuple[str, Any, Any]]) -> Any:
+    if hook == "on_llm_new_token":
+
+        def note(first: Any, *args: Any, **kwargs: Any) -> None:
+            taken.append(("token", first, kwargs.get("chunk")))
+
+    else:
+
+        def note(first: Any, *args: Any, **kwargs: Any) -> None:
+            taken.append(("event", None, first))
+
+    if inspect.iscoroutinefunction(original):
+
+        async def tapped_async(*args: Any, **kwargs: Any) -> Any:
+            note(*args, **kwargs)
+            return await original(*args, **kwargs)
+
+        return tapped_async
+
+    def tapped(*args: Any, **kwargs: Any) -> Any:
+        note(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    return tapped
+
+
+def _untap(run_manager: Any) -> None:
+    for hook in _STREAM_HOOKS:
+        run_manager.__dict__.pop(hook, None)
+
+
+def _replayed_stream(run_manager: Any, value: Any) -> list[tuple[Any, str, Any, Any]]:
+    """The recorded stream of ``value`` as (hook, kind, token, payload), for ``run_manager``."""
+    if run_manager is None or not isinstance(value, dict):
+        return []
+    out = []
+    for what, token, payload in value.get("streamed") or ():
+        if what == "token":
+            out.append((run_manager.on_llm_new_token, what, token, _decode_chunk(payload)))
+        elif hasattr(run_manager, "on_stream_event"):
+            out.append((run_manager.on_stream_event, what, token, payload))
+    return out
+
+
+def _refire(run_manager: Any, value: Any) -> None:
+    for hook, what, token, payload in _replayed_stream(run_manager, value):
+        if what == "token":
+            hook(token, chunk=payload)
+        else:
+            hook(payload)
+
+
+async def _arefire(run_manager: Any, value: Any) -> None:
+    for hook, what, token, payload in _replayed_stream(run_manager, value):
+        if what == "token":
+            await hook(token, chunk=payload)
+        else:
+            await hook(payload)
 
 
 def _result_meta(result: Any) -> dict[str, Any]:
@@ -242,8 +375,11 @@ def _wrap_generate(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, messages, stop, run_manager, **kwargs)
         call = _begin_model(st, self, messages, stop, kwargs)
         if not call.live:
-            return _decode_result(call.value())
+            value = call.value()
+            _refire(run_manager, value)
+            return _decode_result(value)
         token = _STATE.set(None)
+        streamed = _tap(run_manager)
         try:
             result = original(self, messages, stop, run_manager, **kwargs)
         except BaseException as exc:
@@ -251,7 +387,9 @@ def _wrap_generate(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         finally:
             _STATE.reset(token)
-        call.finish(_encode_result(result), _result_meta(result))
+            if run_manager is not None:
+                _untap(run_manager)
+        call.finish(_encode_result(result, streamed), _result_meta(result))
         return result
 
     return _generate_with_cache
@@ -271,8 +409,11 @@ def _wrap_agenerate(original: Callable[..., Any]) -> Callable[..., Any]:
             return await original(self, messages, stop, run_manager, **kwargs)
         call = _begin_model(st, self, messages, stop, kwargs)
         if not call.live:
-            return _decode_result(call.value())
+            value = call.value()
+            await _arefire(run_manager, value)
+            return _decode_result(value)
         token = _STATE.set(None)
+        streamed = _tap(run_manager)
         try:
             result = await original(self, messages, stop, run_manager, **kwargs)
         except BaseException as exc:
@@ -280,7 +421,9 @@ def _wrap_agenerate(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         finally:
             _STATE.reset(token)
-        call.finish(_encode_result(result), _result_meta(result))
+            if run_manager is not None:
+                _untap(run_manager)
+        call.finish(_encode_result(result, streamed), _result_meta(result))
         return result
 
     return _agenerate_with_cache
@@ -307,25 +450,79 @@ def _tool_side_effect(tool: Any) -> bool:
     return tool.name in _side_effects or bool((tool.metadata or {}).get("side_effect"))
 
 
+class _ToolLineage(Lineage):
+    """The lineage of the calls a tool's own code makes; counts them."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.calls = 0
+
+    def next_key(self) -> str:
+        self.calls += 1
+        return super().next_key()
+
+    def child(self) -> Lineage:
+        self.calls += 1
+        return super().child()
+
+
+# A tool is recorded as one event, and the boundaries its own code crosses
+# (a ``@replayable.tool``, an HTTP call) as events nested under it, keyed by the
+# tool's causal position. On replay a tool whose recording holds nested calls
+# runs again, so those calls are matched one by one (a changed argument inside
+# the tool is a divergence, as it is without ``instrument()``); a tool that made
+# none, and every side-effecting tool, is served whole.
+
+
+def _begin_tool(st: State, tool: Any, tool_input: Any, kwargs: dict[str, Any]) -> tuple[Any, bool]:
+    request = _tool_request(tool, tool_input, kwargs.get("tool_call_id"))
+    side_effect = _tool_side_effect(tool)
+    run = st.run
+    assert run is not None  # active_state() returned a state with a run
+    call = run.begin(
+        st, "tool", tool.name, request, side_effect, {"framework": "langchain"}, _site()
+    )
+    return call, side_effect
+
+
+def _inside(st: State, call: Any, side_effect: bool) -> tuple[State | None, _ToolLineage | None]:
+    """The state the tool's code runs in: nested under ``call``, or outside any run for a
+    side-effecting tool (replay never runs it, so nothing inside it may be on the tape)."""
+    key = getattr(call, "key", None)
+    if side_effect or key is None:
+        return None, None
+    lineage = _ToolLineage(f"{key}/")
+    return State(st.session, st.run, lineage, call.seq), lineage
+
+
+def _rerun(call: Any, side_effect: bool) -> bool:
+    return not side_effect and bool(call.metadata.get("nested"))
+
+
 def _wrap_run(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def run(self: Any, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
         st = active_state()
         if st is None:
             return original(self, tool_input, *args, **kwargs)
-        request = _tool_request(self, tool_input, kwargs.get("tool_call_id"))
-        return st.run.call(  # type: ignore[union-attr]
-            st,
-            "tool",
-            self.name,
-            original,
-            (self, tool_input, *args),
-            kwargs,
-            request,
-            _tool_side_effect(self),
-            {"framework": "langchain"},
-            _site(),
-        )
+        call, side_effect = _begin_tool(st, self, tool_input, kwargs)
+        if not call.live and not _rerun(call, side_effect):
+            return call.value()
+        inner, lineage = _inside(st, call, side_effect)
+        token = _STATE.set(inner)
+        try:
+            result = original(self, tool_input, *args, **kwargs)
+        except BaseException as exc:
+            if call.live:
+                call.fail(exc, _nested(lineage))
+            raise
+        finally:
+            _STATE.reset(token)
+        if call.live:
+            call.finish(result, _nested(lineage))
+        return result
 
     return run
 
@@ -336,18 +533,25 @@ def _wrap_arun(original: Callable[..., Any]) -> Callable[..., Any]:
         st = active_state()
         if st is None:
             return await original(self, tool_input, *args, **kwargs)
-        request = _tool_request(self, tool_input, kwargs.get("tool_call_id"))
-        return await st.run.acall(  # type: ignore[union-attr]
-            st,
-            "tool",
-            self.name,
-            original,
-            (self, tool_input, *args),
-            kwargs,
-            request,
-            _tool_side_effect(self),
-            {"framework": "langchain"},
-            _site(),
-        )
+        call, side_effect = _begin_tool(st, self, tool_input, kwargs)
+        if not call.live and not _rerun(call, side_effect):
+            return call.value()
+        inner, lineage = _inside(st, call, side_effect)
+        token = _STATE.set(inner)
+        try:
+            result = await original(self, tool_input, *args, **kwargs)
+        except BaseException as exc:
+            if call.live:
+                call.fail(exc, _nested(lineage))
+            raise
+        finally:
+            _STATE.reset(token)
+        if call.live:
+            call.finish(result, _nested(lineage))
+        return result
 
     return arun
+
+
+def _nested(lineage: _ToolLineage | None) -> dict[str, Any] | None:
+    return {"nested": lineage.calls} if lineage is not None and lineage.calls else None

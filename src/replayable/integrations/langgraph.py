@@ -37,11 +37,12 @@ from typing import Any
 from replayable.capture.context import _STATE, Lineage, State, active_state
 from replayable.integrations import langchain
 
-__all__ = ["instrument", "instrumented", "task_key"]
+__all__ = ["instrument", "instrumented", "task_key", "uninstrument"]
 
 _KEY = "__replayable_graph"
 _lock = threading.Lock()
 _installed = False
+_originals: list[tuple[Any, str, Any]] = []
 
 
 def instrumented() -> bool:
@@ -58,11 +59,28 @@ def instrument(*, side_effects: Iterable[str] = ()) -> None:
             return
         from langgraph.pregel import Pregel, _runner
 
-        _runner.run_with_retry = _wrap_run_task(_runner.run_with_retry)  # type: ignore[attr-defined]
-        _runner.arun_with_retry = _wrap_arun_task(_runner.arun_with_retry)  # type: ignore[attr-defined]
-        Pregel.stream = _wrap_stream(Pregel.stream)  # type: ignore[method-assign]
-        Pregel.astream = _wrap_stream(Pregel.astream)  # type: ignore[method-assign]
+        for owner, attr, wrap in (
+            (_runner, "run_with_retry", _wrap_run_task),
+            (_runner, "arun_with_retry", _wrap_arun_task),
+            (Pregel, "stream", _wrap_stream),
+            (Pregel, "astream", _wrap_stream),
+        ):
+            original = getattr(owner, attr)
+            _originals.append((owner, attr, original))
+            setattr(owner, attr, wrap(original))
         _installed = True
+
+
+def uninstrument() -> None:
+    """Undo :func:`instrument`: LangGraph's and LangChain's own methods are back, and only
+    the HTTP seam records (the zero-change path)."""
+    global _installed
+    with _lock:
+        while _originals:
+            owner, attr, original = _originals.pop()
+            setattr(owner, attr, original)
+        _installed = False
+    langchain.uninstrument()
 
 
 def _path(part: Any) -> str:

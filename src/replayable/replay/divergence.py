@@ -40,6 +40,9 @@ class ActualCall(msgspec.Struct, frozen=True, kw_only=True):
     request: Any
     fingerprint: str
     call_site: str | None
+    #: The first frame of the agent's own code above the call, when ``call_site`` is
+    #: inside a library (an SDK, a framework): the line to look at.
+    user_site: str | None = None
 
 
 class Divergence(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +57,9 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
     nearest: Event | None = None
     unasked: list[int] = []
     call_site: str | None = None
+    #: ``nearest`` holds exactly the request asked, recorded at another causal
+    #: position: the same call, asked from a different task or order.
+    same_request: bool = False
 
     @property
     def message(self) -> str:
@@ -63,11 +69,14 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
             lines.append(
                 f"  asked:    {self.actual.kind} {self.actual.name}({_short(self.actual.request)})"
             )
-            if self.actual.call_site:
-                lines.append(f"  at:       {self.actual.call_site}")
+            site = _site(self.actual.user_site, self.actual.call_site)
+            if site:
+                lines.append(f"  at:       {site}")
         shown = self.expected or self.nearest
         if shown is not None:
             label = "recorded" if self.expected is not None else "nearest"
+            if self.same_request:
+                label = "recorded"
             lines.append(
                 f"  {label}: step {shown.seq}: {shown.kind} {shown.name}"
                 f"({_short(shown.request_value())})"
@@ -77,10 +86,8 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
         if self.diff:
             lines.append("  fields that differ:")
             for d in self.diff[:10]:
-                lines.append(
-                    f"    {d.path or '(value)'}: recorded {_short(d.expected)}, "
-                    f"now {_short(d.actual)}"
-                )
+                old, new = _changed(d.expected, d.actual)
+                lines.append(f"    {d.path or '(value)'}: recorded {old}, now {new}")
             if len(self.diff) > 10:
                 lines.append(f"    … and {len(self.diff) - 10} more")
         if self.unasked:
@@ -95,6 +102,11 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
         if self.reason == "request_changed":
             return f"replay diverged at {at}: the request changed"
         if self.reason == "unexpected_call":
+            if self.same_request and self.nearest is not None and self.actual is not None:
+                return (
+                    f"replay diverged at {at}: the same call, asked from a different task "
+                    f"position (recorded at {self.nearest.key}, asked at {self.actual.key})"
+                )
             if self.expected is not None:
                 return (
                     f"replay diverged at {at}: the code called "
@@ -132,6 +144,41 @@ def _short(value: Any, limit: int = 80) -> str:
     else:
         text = orjson.dumps(value, default=repr).decode()
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _site(user: str | None, library: str | None) -> str | None:
+    """``user`` with the library frame beside it, or whichever of the two is known."""
+    if user and library and user != library:
+        return f"{user}  (in {library})"
+    return user or library
+
+
+def _changed(expected: Any, actual: Any, context: int = 30, limit: int = 160) -> tuple[str, str]:
+    """Both sides of a changed field, short. Two long strings are cut around the part
+    that differs (with ``context`` characters either side), so the changed words show
+    however long the shared beginning is."""
+    if not (isinstance(expected, str) and isinstance(actual, str)) or (
+        len(repr(expected)) <= 80 and len(repr(actual)) <= 80
+    ):
+        return _short(expected), _short(actual)
+    prefix = 0
+    most = min(len(expected), len(actual))
+    while prefix < most and expected[prefix] == actual[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < most - prefix and expected[-1 - suffix] == actual[-1 - suffix]:
+        suffix += 1
+    start = max(0, prefix - context)
+
+    def cut(text: str) -> str:
+        stop = min(len(text), len(text) - suffix + context)
+        middle = text[start:stop]
+        if len(middle) > limit:  # a long rewrite: its start and its end
+            half = limit // 2
+            middle = middle[:half] + "…" + middle[-half:]
+        return ("…" if start else "") + repr(middle) + ("…" if stop < len(text) else "")
+
+    return cut(expected), cut(actual)
 
 
 def field_diff(expected: Any, actual: Any, path: str = "") -> list[FieldDiff]:

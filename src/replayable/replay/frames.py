@@ -12,10 +12,15 @@ from typing import Any
 
 from replayable.events.model import Event
 
-__all__ = ["FrameInfo", "PausePoint", "capture_stack", "safe_repr"]
+__all__ = ["FrameInfo", "PausePoint", "capture_stack", "safe_repr", "user_site"]
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
 _STDLIB = sysconfig.get_paths()["stdlib"]
+_LIBRARIES = tuple(
+    {_PACKAGE_DIR, _STDLIB, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+)
+_INSTALLED = ("/site-packages/", "/dist-packages/")
+_LOOP_HANDLE = str(Path("asyncio") / "events.py")
 
 _repr = reprlib.Repr()
 _repr.maxstring = 200
@@ -80,6 +85,45 @@ class PausePoint:
             for k, v in f.locals.items():
                 lines.append(f"      {k} = {v}")
         return "\n".join(lines)
+
+
+def _library(file: str) -> bool:
+    return file.startswith(_LIBRARIES) or any(p in file for p in _INSTALLED) or file[:1] == "<"
+
+
+def user_site(
+    start: types.FrameType | None = None, origin: types.FrameType | None = None
+) -> str | None:
+    """``file:line in function`` of the innermost frame of the agent's own code above the
+    caller: not replayable, the standard library or an installed package (an SDK, a
+    framework). Where the walk reaches the event loop that runs this task, the frame
+    that started the task (``origin``) comes first; what ran the loop comes last."""
+    rest = _user_frame(start or sys._getframe(1))
+    if isinstance(rest, str):
+        return rest
+    if origin is not None:
+        found = _user_frame(origin)
+        if isinstance(found, str):
+            return found
+    while rest is not None:
+        found = _user_frame(rest)
+        if isinstance(found, str):
+            return found
+        rest = found
+    return None
+
+
+def _user_frame(frame: types.FrameType | None) -> str | types.FrameType | None:
+    """The first frame of the agent's code from ``frame`` outwards, as text; or, where
+    the walk reaches an event loop running a task first, the frame that runs the loop."""
+    while frame is not None:
+        code = frame.f_code
+        if not _library(code.co_filename):
+            return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+        if code.co_name == "_run" and code.co_filename.endswith(_LOOP_HANDLE):
+            return frame.f_back
+        frame = frame.f_back
+    return None
 
 
 def capture_stack(

@@ -26,6 +26,7 @@ from replayable.events.canonical import fingerprint
 from replayable.events.codec import encode_value
 from replayable.events.model import Event, Run
 from replayable.replay.divergence import ActualCall, Divergence, field_diff
+from replayable.replay.frames import user_site
 from replayable.replay.session import (
     Served,
     aexecute_replay,
@@ -111,7 +112,13 @@ class LiveReplayRun(RecordRun):
 
         def stop(reason_ev: Event | None, blocked: bool = False) -> Divergence:
             actual = ActualCall(
-                kind=kind, name=name, key=key, request=req, fingerprint=fp, call_site=site
+                kind=kind,
+                name=name,
+                key=key,
+                request=req,
+                fingerprint=fp,
+                call_site=site,
+                user_site=user_site(origin=st.origin),
             )
             div = explain(tape, self.original_run_id or session.original.run_id, reason_ev, actual)
             if blocked:
@@ -325,7 +332,11 @@ class LiveReplayRun(RecordRun):
                 site,
                 (d.seq, d.key),
             )
-        return _Answered(self._answer_outcome(st, d, kind, name, side_effect, site), d.seq)
+        answered = _Answered(self._answer_outcome(st, d, kind, name, side_effect, site), d.seq)
+        answered.key = d.key
+        if d.action == "serve" and d.event is not None:
+            answered.metadata = d.event.metadata  # what the recorded call was, e.g. nested
+        return answered
 
     # Each call of a fork is decided (served, overridden or live) on its request,
     # so a deferred request is built here rather than by the writer.

@@ -28,6 +28,7 @@ from replayable.events.codec import (
 )
 from replayable.events.model import Event, Run
 from replayable.replay.divergence import ActualCall, Divergence, DivergenceReason, field_diff
+from replayable.replay.frames import user_site
 from replayable.replay.tape import Tape
 from replayable.store import EventStore
 
@@ -109,6 +110,7 @@ class _ServedCall(OpenCall):
     def __init__(self, event: Event) -> None:
         self.event = event
         self.seq = event.seq
+        self.key = event.key
         self.metadata = event.metadata
 
     def value(self) -> Any:
@@ -198,7 +200,13 @@ class ReplayRun(RunContext):
         if ev is None and not self.complete and tape.remaining() == 0:
             raise self.session.stop(None)
         actual = ActualCall(
-            kind=kind, name=name, key=key, request=req, fingerprint=fp, call_site=site
+            kind=kind,
+            name=name,
+            key=key,
+            request=req,
+            fingerprint=fp,
+            call_site=site,
+            user_site=user_site(origin=st.origin),
         )
         raise self.session.stop(self.divergence(ev, actual))
 
@@ -293,6 +301,21 @@ def explain(tape: Tape, run_id: str, ev: Event | None, actual: ActualCall) -> Di
     """Why the call ``actual`` does not match ``ev``, the recorded event at its causal
     position (``None`` if the tape has nothing there)."""
     actual = msgspec.structs.replace(actual, request=orjson.loads(actual.request))
+    if ev is None and actual.key is not None:
+        moved = tape.find(actual.kind, actual.name, actual.fingerprint)
+        if moved is not None and _task(moved.key) != _task(actual.key):
+            # Nothing was recorded at this position, and exactly this request is on
+            # the tape, unasked, in another task: the same call reached along another
+            # task path (an extra call in the same task is not that).
+            return Divergence(
+                reason="unexpected_call",
+                run_id=run_id,
+                step=moved.seq,
+                actual=actual,
+                nearest=moved,
+                call_site=actual.call_site,
+                same_request=True,
+            )
     if ev is None:
         reason: DivergenceReason = "tape_exhausted" if tape.remaining() == 0 else "unexpected_call"
         unasked = tape.unasked()
@@ -323,6 +346,11 @@ def explain(tape: Tape, run_id: str, ev: Event | None, actual: ActualCall) -> Di
         diff=field_diff(ev.request_value(), actual.request),
         call_site=actual.call_site,
     )
+
+
+def _task(key: str | None) -> str | None:
+    """The lineage part of a causal key (``r.0.2`` of ``r.0.2:1``)."""
+    return None if key is None else key.rpartition(":")[0]
 
 
 def execute_replay(
