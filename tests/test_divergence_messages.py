@@ -49,7 +49,7 @@ def _record(store: Any, fn: Any, *args: Any) -> str:
 
 
 @pytest.mark.parametrize(
-    "edited, shown",
+    ("edited", "shown"),
     [
         (PROMPT + " Always answer in French.", "Always answer in French."),
         (PROMPT.replace("one short sentence", "three long paragraphs"), "three long paragraphs"),
@@ -65,7 +65,8 @@ def test_a_changed_long_prompt_shows_the_words_that_changed(
     monkeypatch.setitem(SETTINGS, "prompt", edited)
     result = replayable.replay(run_id, store=store, fn=prompted)
     div = result.divergence
-    assert div is not None and div.reason == "request_changed"
+    assert div is not None
+    assert div.reason == "request_changed"
     (line,) = [ln for ln in div.message.splitlines() if ln.strip().startswith("system:")]
     assert shown in line, line
     assert len(line) < 400
@@ -81,7 +82,8 @@ def test_a_long_rewrite_is_cut_in_its_middle_and_short_values_stay_whole() -> No
         diff=[FieldDiff("p", old, new), FieldDiff("q", "ab", "ac")],
     )
     lines = div.message.splitlines()
-    assert "…" in lines[-2] and len(lines[-2]) < 500
+    assert "…" in lines[-2]
+    assert len(lines[-2]) < 500
     assert lines[-1] == "    q: recorded 'ab', now 'ac'"
 
 
@@ -128,11 +130,17 @@ def test_at_names_the_agents_line_with_the_sdk_frame_beside_it(store: Any, sdk: 
     finally:
         CITY["name"] = "Oslo"
     div = result.divergence
-    assert div is not None and div.actual is not None
+    assert div is not None
+    assert div.actual is not None
     (at,) = [ln for ln in div.message.splitlines() if ln.strip().startswith("at:")]
-    assert f"{__file__}:" in at and "in agent" in at, at
-    assert "site-packages" in at and "fake_agent_sdk.py" in at and "in fetch" not in at, at
-    assert div.actual.user_site is not None and __file__ in div.actual.user_site
+    user, _, library = at.partition("(in ")
+    assert f"{__file__}:" in user, at
+    assert "in agent" in user, at
+    assert "site-packages" in library, at
+    assert "fake_agent_sdk.py" in library, at
+    assert "in run_agent" in library, at
+    assert div.actual.user_site is not None
+    assert __file__ in div.actual.user_site
 
 
 @replayable.tool
@@ -161,10 +169,12 @@ def test_the_same_call_from_another_task_position_is_named_as_such(
     monkeypatch.setitem(SETTINGS, "warm_up", True)
     result = replayable.replay(run_id, store=store, fn=moved)
     div = result.divergence
-    assert div is not None and div.actual is not None
+    assert div is not None
+    assert div.actual is not None
     assert div.same_request is True
     assert div.step == recorded.seq
     headline = div.message.splitlines()[0]
     assert "the same call, asked from a different task position" in headline
-    assert recorded.key in headline and div.actual.key in headline
+    assert recorded.key in headline
+    assert div.actual.key in headline
     assert "nearest" not in div.message

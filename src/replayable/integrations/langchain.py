@@ -29,8 +29,9 @@ callback handler that asks for tokens) hands its chunks to the callbacks
 while it generates; they are recorded with the result, and a replay hands the
 same chunks to the callbacks again, so a token stream replays token for
 token. ``on_llm_start``/``on_llm_end`` fire around a served model call; a tool
-served whole fires no tool callbacks (one that runs again fires them). ``model.stream()`` called directly is not intercepted here;
-the HTTP seam still records the provider request under it.
+served whole fires no tool callbacks (one that runs again fires them).
+``model.stream()`` called directly is not intercepted here; the HTTP seam still
+records the provider request under it.
 """
 
 from __future__ import annotations
