@@ -18,7 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 import replayable
-from replayable.events.codec import decode_value, encode_value
+from replayable.events.codec import decode_value, encode_request, encode_value
 from replayable.replay import ReplayResult
 from replayable.store import EventStore, MemoryStore
 
@@ -302,11 +302,22 @@ def test_other_values_are_tagged(case: str) -> None:
     assert b'"$t"' in data
 
 
-def test_encoding_is_canonical() -> None:
-    """Equal values encode to the same bytes whatever their key or set order."""
+def test_request_encoding_is_canonical() -> None:
+    """Equal requests encode to the same bytes whatever their key or set order."""
     a = {"b": {3, 1, 2}, "a": (1, {"y": 1, "x": 2})}
     b = {"a": (1, {"x": 2, "y": 1}), "b": {2, 3, 1}}
-    assert encode_value(a) == encode_value(b)
+    assert encode_request(a) == encode_request(b)
+
+
+def test_value_encoding_keeps_key_order() -> None:
+    """A value is written in its own key order (plain or tagged), sets in one order."""
+    plain = {"b": 1, "a": {"z": 2, "y": 3}}
+    assert encode_value(plain) == (b'{"b":1,"a":{"z":2,"y":3}}', False)
+    tagged = {"b": {3, 1, 2}, "a": (1, {"y": 1, "x": 2})}
+    assert encode_value(tagged)[0] == (
+        b'{"b":{"$t":"set","v":[1,2,3]},"a":{"$t":"tuple","v":[1,{"y":1,"x":2}]}}'
+    )
+    assert list(roundtrip(tagged)) == ["b", "a"]
 
 
 def test_aware_datetime_keeps_its_offset() -> None:
@@ -343,12 +354,12 @@ def test_non_finite_floats_round_trip(value: Any) -> None:
     assert b"null" not in data
 
 
-def test_nested_str_and_int_enums_become_values() -> None:
-    """As documented, StrEnum/IntEnum members nested in plain JSON come back as their values."""
+def test_nested_str_and_int_enums_keep_their_type() -> None:
+    """StrEnum/IntEnum members nested in plain dicts and lists come back as members."""
     out = roundtrip({"mode": Mode.FAST, "levels": [Level.LOW]})
-    assert out == {"mode": "fast", "levels": [1]}
-    assert type(out["mode"]) is str
-    assert type(out["levels"][0]) is int
+    assert out == {"mode": Mode.FAST, "levels": [Level.LOW]}
+    assert out["mode"] is Mode.FAST
+    assert out["levels"][0] is Level.LOW
 
 
 def test_unencodable_value_raises_with_path() -> None:
@@ -404,8 +415,8 @@ def test_non_finite_floats_replay(memory_store: MemoryStore, value: Any) -> None
     assert repr(result.output) == repr(value)
 
 
-def test_nested_str_enum_replayed_as_value(memory_store: MemoryStore) -> None:
-    """A StrEnum nested in a tool's dict result is served on replay as its plain value."""
+def test_nested_str_enum_replayed_as_member(memory_store: MemoryStore) -> None:
+    """A StrEnum nested in a tool's dict result is served on replay as the same member."""
 
     @replayable.tool
     def settings() -> dict[str, Any]:
@@ -421,8 +432,7 @@ def test_nested_str_enum_replayed_as_value(memory_store: MemoryStore) -> None:
     _, result = record_then_replay(memory_store, configure)
     assert result.status == "identical"
     assert seen[0] is Mode.SAFE
-    assert seen[1] == "safe"
-    assert type(seen[1]) is str
+    assert seen[1] is Mode.SAFE
 
 
 def test_output_holding_nested_str_enum_replays_identical(memory_store: MemoryStore) -> None:

@@ -14,7 +14,9 @@
     │   └── RunNotFoundError (LookupError)   no run has that id or prefix
     │       └── AmbiguousRunIdError          a prefix names more than one run
     ├── ReplayError                          replay could not be set up
-    │   └── EntrypointNotFoundError (ImportError)
+    │   ├── EntrypointNotFoundError (ImportError)
+    │   ├── EntryImportError                 importing the entry module failed or ran live code
+    │   └── UntrustedRecordError             a record names code or a type replay will not load
     └── ReplayDivergenceError                replay parted from the tape (``strict=True``)
 
 Each store driver maps its own exceptions into this tree once (the SQLite
@@ -37,6 +39,7 @@ __all__ = [
     "AmbiguousRunIdError",
     "AppendOnlyError",
     "ConfigurationError",
+    "EntryImportError",
     "EntrypointNotFoundError",
     "RecordedError",
     "ReplayDivergenceError",
@@ -49,6 +52,7 @@ __all__ = [
     "StoreError",
     "StoreRefusedError",
     "StoreUnavailableError",
+    "UntrustedRecordError",
 ]
 
 
@@ -128,6 +132,44 @@ class ReplayError(ReplayableError):
 
 class EntrypointNotFoundError(ReplayError, ImportError):
     """The recorded entrypoint cannot be imported; pass ``fn=`` to replay()."""
+
+
+class EntryImportError(ReplayError):
+    """Importing a run's entry module for replay failed, or its top level tried to run
+    live code (a boundary, a recording, a tool); the message says how to fix it."""
+
+
+class UntrustedRecordError(ReplayError):
+    """A stored record names code or a type that replay will not import, call or build.
+
+    ``name`` is the ``module:qualname`` the record gave, ``what`` what it was
+    meant to be (an entrypoint, an enum, a dataclass …), ``reason`` why it was
+    refused; ``run_id`` and ``step`` say where it was found, when known.
+    Nothing was imported.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        what: str,
+        reason: str,
+        *,
+        run_id: str | None = None,
+        step: int | None = None,
+    ) -> None:
+        where = ""
+        if run_id is not None:
+            where = f" in run {run_id}" + (f" at step {step}" if step is not None else "")
+        super().__init__(f"refused to load {what} {name!r}{where}: {reason}")
+        self.name = name
+        self.what = what
+        self.reason = reason
+        self.run_id = run_id
+        self.step = step
+
+    def located(self, run_id: str, step: int | None) -> UntrustedRecordError:
+        """The same refusal, naming the run and step it was found in."""
+        return UntrustedRecordError(self.name, self.what, self.reason, run_id=run_id, step=step)
 
 
 class ReplayDivergenceError(ReplayableError):

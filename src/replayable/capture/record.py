@@ -18,7 +18,14 @@ from replayable.capture.runtime import (
 )
 from replayable.capture.writer.core import Writer
 from replayable.capture.writer.process import ProcessWriter
-from replayable.events.codec import UnencodableError, encode_error, encode_request, encode_value
+from replayable.events.codec import (
+    UnencodableError,
+    encode_error,
+    encode_request,
+    encode_value,
+    unencodable_note,
+    unencodable_request,
+)
 
 if TYPE_CHECKING:
     from replayable.capture.recording import Recording
@@ -82,6 +89,8 @@ class RecordingCall(OpenCall):
             err = serialization_error(
                 f"the value returned by {self.kind} {self.name!r}", exc, self.seq, self.name
             )
+            # The step stays on the tape, marked, so replay meets the same error here.
+            self.metadata["unencodable"] = unencodable_note(exc, "response")
             self._emit(None, False, encode_error(err))
             raise err from None
         self._emit(resp, tagged, None)
@@ -169,7 +178,7 @@ class RecordRun(RunContext):
         try:
             req = encode_request(request)
         except UnencodableError as exc:
-            raise serialization_error(f"the request of {name!r}", exc, seq, name) from None
+            raise self._unencodable(st, seq, key, kind, name, exc, side_effect, site) from None
         return self.live_call(
             st, seq, key, req, kind, name, fn, args, kwargs, side_effect, meta, site
         )
@@ -271,7 +280,10 @@ class RecordRun(RunContext):
     ) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
-        req = self._request(request, name, seq)
+        try:
+            req = encode_request(request)
+        except UnencodableError as exc:
+            raise self._unencodable(st, seq, key, kind, name, exc, side_effect, site) from None
         return await self.alive_call(
             st, seq, key, req, kind, name, fn, args, kwargs, side_effect, meta, site
         )
@@ -309,6 +321,27 @@ class RecordRun(RunContext):
             return encode_request(request)
         except UnencodableError as exc:
             raise serialization_error(f"the request of {name!r}", exc, seq, name) from None
+
+    def _unencodable(
+        self,
+        st: State,
+        seq: int,
+        key: str,
+        kind: str,
+        name: str,
+        exc: UnencodableError,
+        side_effect: bool,
+        site: str | None,
+    ) -> BaseException:
+        """Record step ``seq``, whose request cannot be encoded, as an unencodable error
+        event (the tape keeps no hole) and return the SerializationError to raise."""
+        err = serialization_error(f"the request of {name!r}", exc, seq, name)
+        self.emit(
+            seq, kind, name, key, st.parent, site, unencodable_request(exc), None, False,
+            encode_error(err), side_effect, time.time(), 0,
+            {"unencodable": unencodable_note(exc, "request")},
+        )  # fmt: skip
+        return err
 
     def emit(
         self,

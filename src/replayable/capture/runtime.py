@@ -18,9 +18,9 @@ from typing import Any, Literal, Protocol
 
 from replayable.capture.context import State
 from replayable.errors import SerializationError
-from replayable.events.canonical import canonical
 from replayable.events.codec import (
     UnencodableError,
+    dump_tree,
     to_tree,
 )
 from replayable.events.ids import uuid7
@@ -59,22 +59,26 @@ def new_run_id() -> str:
 
 
 def encode_input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
-    """A run's input as tagged canonical JSON (types survive the round trip)."""
-    return canonical(to_tree({"args": list(args), "kwargs": dict(kwargs)})).decode()
+    """A run's input as tagged JSON (types and dict order survive the round trip)."""
+    return dump_tree(to_tree({"args": list(args), "kwargs": dict(kwargs)})).decode()
 
 
 def encode_output(value: Any) -> bytes:
-    """A run's output as tagged canonical JSON."""
-    return canonical(to_tree(value))
+    """A run's output as tagged JSON, in the value's own key order."""
+    return dump_tree(to_tree(value))
 
 
 def serialization_error(
     what: str, exc: UnencodableError, step: int | None, boundary: str | None = None
 ) -> SerializationError:
     where = f" at step {step}" if step is not None else ""
+    hint = (
+        "pass a value without the cycle, or a flatter one"
+        if exc.reason
+        else "teach replayable the type with replayable.register_codec()"
+    )
     return SerializationError(
-        f"{what}{where} cannot be recorded: {exc}; teach replayable the type with "
-        "replayable.register_codec()",
+        f"{what}{where} cannot be recorded: {exc}; {hint}",
         boundary=boundary,
         step=step,
         type_name=exc.type_name,

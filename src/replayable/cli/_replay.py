@@ -10,6 +10,7 @@ from typing import Annotated, Final
 import typer
 
 import replayable
+from replayable import allowlist
 from replayable.cli._context import fail, state, stdout
 
 __all__ = ["DEMO_STORE_URL", "agent_paths", "demo", "find_examples"]
@@ -28,8 +29,10 @@ def agent_paths() -> None:
     bundled examples last on the path (the demo's agent imports, and shadows nothing)."""
     _importable(Path.cwd())
     examples = find_examples()
-    if examples is not None and str(examples) not in sys.path:
-        sys.path.append(str(examples))
+    if examples is not None:
+        allowlist.trust_folder(examples)
+        if str(examples) not in sys.path:
+            sys.path.append(str(examples))
 
 
 def find_examples() -> Path | None:
@@ -62,6 +65,7 @@ def demo(
     if folder is None:
         raise fail("cannot find examples/contract_review; run this from the replayable repository")
     _importable(folder)
+    allowlist.trust_folder(folder)
     module = importlib.import_module("contract_review.demo")
     url = state(ctx).store_url or DEMO_STORE_URL
     outcome = module.run_demo(url, stdout(), seed=seed, reruns=reruns)

@@ -15,7 +15,7 @@ from typing import Any, Final
 import orjson
 
 from replayable.events._re2 import _re2, _re2_compile, _re2_scans
-from replayable.events.canonical import canonical
+from replayable.events.codec import dump_tree
 
 __all__ = ["REDACTED", "Redactor"]
 
@@ -311,10 +311,12 @@ class Redactor:
         return self._value_re.sub(REDACTED, text)
 
     def redact_bytes(self, payload: bytes) -> bytes:
-        """Canonical ``payload`` with secrets redacted; the input itself when it has none."""
+        """``payload`` with secrets redacted, its keys in the order they had (a canonical
+        request stays canonical, a stored value keeps its order); the input itself when
+        it has none."""
         if not self.needs_redaction(payload):
             return payload
-        return canonical(self(orjson.loads(payload)))
+        return dump_tree(self(orjson.loads(payload)))
 
     def redact_mapping(self, env: Mapping[str, str]) -> dict[str, str]:
         """Environment-style names and values: secret-looking names or values are redacted."""

@@ -22,9 +22,11 @@ from replayable.capture.runtime import (
 from replayable.errors import ReplayError
 from replayable.events.canonical import fingerprint
 from replayable.events.codec import (
+    UnencodableError,
     decode_error,
     decode_value,
     encode_request,
+    unencodable_request,
 )
 from replayable.events.model import Event, Run
 from replayable.replay.divergence import ActualCall, Divergence, DivergenceReason, field_diff
@@ -93,7 +95,11 @@ def request_fingerprint(
     stored request is byte-identical to it (it held nothing to redact), so the
     redaction scan is skipped: the common case on replay costs one hash.
     """
-    raw = encode_request(request)
+    try:
+        raw = encode_request(request)
+    except UnencodableError as exc:
+        # Recorded as an unencodable step with this same placeholder request.
+        raw = unencodable_request(exc)
     if recorded is not None:
         fp = fingerprint(kind, name, raw)
         if fp == recorded.fingerprint:

@@ -1,0 +1,165 @@
+"""Values that cannot be stored as they are: lone surrogates round-trip; a recursive
+value or one nested too deeply raises SerializationError naming boundary, step, type
+and path, and the step stays on the tape, marked unencodable."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import orjson
+import pytest
+
+import replayable
+from replayable.events.codec import MAX_DEPTH, decode_value, encode_request, encode_value
+from replayable.store import MemoryStore
+from replayable.store.sqlite import SQLiteStore
+
+
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def recursive() -> list[Any]:
+    loop: list[Any] = [1, {"k": []}]
+    loop[1]["k"].append(loop)
+    return loop
+
+
+def test_lone_surrogates_round_trip_through_the_codec() -> None:
+    """os.fsdecode of a non-UTF-8 name comes back as the same str, keys included."""
+    name = os.fsdecode(b"report-\xff\xfe.txt")
+    assert "\udcff" in name
+    for value in (name, [name], {"file": name}, {name: 1}, ("\ud800", name)):
+        data, tagged = encode_value(value)
+        assert tagged is True
+        back = decode_value(data, "tagged")
+        assert back == value
+        assert type(back) is type(value)
+    assert encode_request({"file": name}) == encode_request({"file": name})
+
+
+def test_deep_value_within_the_limit_round_trips() -> None:
+    """Nesting deeper than orjson writes (255) but within MAX_DEPTH is kept."""
+    value = nested(MAX_DEPTH - 1)
+    data, tagged = encode_value(value)
+    assert decode_value(data, "tagged" if tagged else "json") == value
+    assert orjson.loads(encode_request({"v": value}))["v"] == value
+
+
+@pytest.mark.parametrize(
+    ("make", "reason", "path"),
+    [
+        (recursive, "contains itself", "[1]['k'][0]"),
+        (lambda: nested(MAX_DEPTH + 50), f"deeper than {MAX_DEPTH}", "[0]" * MAX_DEPTH),
+        (lambda: nested(5000), f"deeper than {MAX_DEPTH}", "[0]" * MAX_DEPTH),
+    ],
+    ids=["recursive", "too-deep", "far-too-deep"],
+)
+def test_unencodable_result_is_recorded_and_raised(
+    sqlite_store: SQLiteStore, make: Any, reason: str, path: str
+) -> None:
+    """The tool's step is stored with its error, marked unencodable; the agent gets
+    SerializationError naming boundary, step, type and path (never RecursionError)."""
+
+    @replayable.tool
+    def listing() -> Any:
+        return make()
+
+    @replayable.tool
+    def after() -> str:
+        return "still recorded"
+
+    caught: list[BaseException] = []
+
+    @replayable.workflow
+    def scan() -> str:
+        try:
+            listing()
+        except replayable.SerializationError as exc:
+            caught.append(exc)
+        return after()
+
+    with replayable.recording(sqlite_store) as rec:
+        scan()
+    assert len(caught) == 1
+    assert caught[0].__cause__ is None
+    events = sqlite_store.events(rec.run_ids[0])
+    assert [e.name for e in events] == ["listing", "after"]
+    marked = events[0]
+    note = marked.metadata["unencodable"]
+    assert note["part"] == "response"
+    assert note["type"] == "builtins:list"
+    assert note["path"] == path
+    assert reason in note["reason"]
+    error = orjson.loads(marked.error or "null")
+    assert error["type"] == "replayable.errors:SerializationError"
+    for part in ("'listing'", "step 1", "builtins:list", reason):
+        assert part in error["message"]
+    result = replayable.replay(rec.run_ids[0], store=sqlite_store, fn=scan)
+    assert result.status == "identical", result.divergence
+    assert result.output == "still recorded"
+
+
+def test_unencodable_request_keeps_its_step(memory_store: MemoryStore) -> None:
+    """A tool called with a recursive argument: the call is refused with SerializationError,
+    the step is on the tape, and replay serves the same error at that step."""
+    calls: list[int] = []
+
+    @replayable.tool
+    def store_tree(tree: Any) -> str:
+        calls.append(1)
+        return "stored"
+
+    @replayable.tool
+    def done() -> str:
+        return "done"
+
+    caught: list[replayable.SerializationError] = []
+
+    @replayable.workflow
+    def save() -> str:
+        try:
+            store_tree(recursive())
+        except replayable.SerializationError as exc:
+            caught.append(exc)
+        return done()
+
+    with replayable.recording(memory_store) as rec:
+        assert save() == "done"
+    assert calls == []
+    (err,) = caught
+    assert (err.step, err.boundary) == (1, "store_tree")
+    assert "contains itself" in str(err)
+    events = memory_store.events(rec.run_ids[0])
+    assert [(e.seq, e.name) for e in events] == [(1, "store_tree"), (2, "done")]
+    assert events[0].metadata["unencodable"]["part"] == "request"
+    result = replayable.replay(rec.run_ids[0], store=memory_store, fn=save)
+    assert result.status == "identical", result.divergence
+    assert calls == []
+    (again,) = caught[1:]
+    assert type(again) is replayable.SerializationError
+    assert (again.step, again.boundary) == (1, "store_tree")
+
+
+def test_surrogate_file_names_replay(memory_store: MemoryStore) -> None:
+    """A tool listing non-UTF-8 file names is recorded and replays with the same names."""
+    raw = [b"ok.txt", b"caf\xe9.txt", b"\xff\xfe"]
+
+    @replayable.tool
+    def list_dir(folder: str) -> list[str]:
+        return [os.fsdecode(n) for n in raw]
+
+    @replayable.workflow
+    def files() -> list[str]:
+        names = list_dir(os.fsdecode(b"/data/\xe9t\xe9"))
+        return [n.upper() for n in names]
+
+    with replayable.recording(memory_store) as rec:
+        live = files()
+    result = replayable.replay(rec.run_ids[0], store=memory_store, fn=files)
+    assert result.status == "identical", result.divergence
+    assert result.output == live
