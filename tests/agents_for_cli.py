@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import replayable
@@ -58,3 +59,30 @@ def recovering(company: str) -> str:
         return fetch_filing(company)
     except LookupError:
         return "no data"
+
+
+@dataclass
+class Verdict:
+    """A typed model answer (as an SDK's response type would be)."""
+
+    risk: str
+    score: float
+
+
+def _model_api(**request: Any) -> dict[str, Any]:
+    """A stand-in for an SDK's ``create()``: a completion with a status."""
+    return {"status": "ok", "verdict": {"risk": "high", "score": 0.9}, "usage": [1, 2]}
+
+
+def _typed_model_api(**request: Any) -> Verdict:
+    return Verdict(risk="medium", score=0.5)
+
+
+@replayable.workflow("graded")
+def graded(text: str) -> str:
+    """Ask a model twice: once for a JSON answer, once for a typed one."""
+    answer = replayable.llm(_model_api, model="m", messages=[{"role": "user", "content": text}])
+    typed = replayable.llm(
+        _typed_model_api, model="m", messages=[{"role": "user", "content": text}]
+    )
+    return f"{answer['status']}:{answer['verdict']['risk']}:{typed.risk}"

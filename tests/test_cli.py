@@ -56,6 +56,26 @@ def cli(url: str | None, *args: str, env: dict[str, str] | None = None) -> Resul
     return CliRunner().invoke(app, argv, env={"COLUMNS": "200", **(env or {})})
 
 
+def new_incomplete_run(store: replayable.EventStore, workflow: str = "triage") -> str:
+    """A run whose process died before its end record: status incomplete."""
+    import time
+
+    from tests.test_store_contract import make_start, new_id
+
+    run_id = new_id(int(time.time() * 1000) % 100_000 + 7)
+    store.append([make_start(run_id, workflow=workflow, started_at=time.time())])
+    return run_id
+
+
+#: Rich treats output as a terminal (without colour codes): what a person sees.
+TERMINAL = {"FORCE_COLOR": "1", "NO_COLOR": "1"}
+
+
+def tty(url: str | None, *args: str, columns: int = 200) -> Result:
+    """The command as shown on a terminal ``columns`` wide."""
+    return cli(url, *args, env={**TERMINAL, "COLUMNS": str(columns)})
+
+
 def assert_one_line_error(result: Result, *needles: str) -> None:
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
@@ -73,7 +93,7 @@ def test_runs_lists_newest_first_with_workflow_status_and_event_count(store, url
     """``runs`` shows one row per run, newest first, with status and event count."""
     first = record(store, agents.research, "alpha")
     second = record(store, agents.broken, "beta")
-    result = cli(url, "runs")
+    result = tty(url, "runs")
     assert result.exit_code == 0, result.output
     rows = [line for line in result.stdout.splitlines() if "research" in line or "broken" in line]
     assert len(rows) == 2
@@ -82,15 +102,64 @@ def test_runs_lists_newest_first_with_workflow_status_and_event_count(store, url
     assert "research" in rows[1]
     assert "completed" in rows[1]
     assert rows[1].split("│")[5].strip() == "3"  # search_web, time, send_email
-    full = cli(url, "runs", "--full").stdout
+    full = tty(url, "runs", "--full").stdout
     assert first in full
     assert second in full
+
+
+def test_piped_runs_is_a_tab_separated_table_of_whole_values(store, url):
+    """Not a terminal: a header and one tab-separated line per run, ids and status whole."""
+    done = record(store, agents.research, "alpha")
+    cut = new_incomplete_run(store)
+    result = cli(url, "runs", env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split("\t") == [
+        "run",
+        "workflow",
+        "status",
+        "started",
+        "duration",
+        "events",
+        "parent",
+    ]
+    rows = {line.split("\t")[0]: line.split("\t") for line in lines[1:]}
+    assert set(rows) == {done, cut}
+    assert rows[cut][2] == "incomplete"
+    assert rows[done][1:3] == ["research", "completed"]
+    assert "…" not in result.stdout
+
+
+def test_runs_on_a_narrow_terminal_keeps_ids_and_status_whole(store, url):
+    """At 80 columns the listed prefixes and the status word are never cut."""
+    cut = new_incomplete_run(store, workflow="a_rather_long_workflow_name_for_a_narrow_terminal")
+    result = tty(url, "runs", columns=80)
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.stdout.splitlines() if cut[:8] in line]
+    assert row.split("│")[0].strip() == cut[:8]
+    assert row.split("│")[2].strip() == "incomplete"
+    assert row.split("│")[1].strip().startswith("a_r")  # the workflow gives way
+
+
+def test_runs_says_how_many_more_there_are(store, url):
+    """A listing cut by --limit says 'N of M runs; --limit to see more' on stderr."""
+    for topic in "abcde":
+        record(store, agents.research, topic)
+    result = cli(url, "runs", "--limit", "3")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.strip() == "3 of 5 runs; --limit to see more"
+    assert len(result.stdout.splitlines()) == 1 + 3
+    every = cli(url, "runs", "--limit", "5")
+    assert every.stderr == ""
+    as_json = cli(url, "runs", "--json", "--limit", "2")
+    assert len(json.loads(as_json.stdout)) == 2
+    assert "2 of 5 runs" in as_json.stderr
 
 
 def test_runs_short_ids_are_unique_prefixes(store, url):
     """Ids made in the same instant share leading characters; the listed prefixes still differ."""
     ids = [record(store, agents.research, t) for t in ("a", "b", "c")]
-    shown = [line.split("│")[0].strip() for line in cli(url, "runs").stdout.splitlines()[2:]]
+    shown = [line.split("│")[0].strip() for line in tty(url, "runs").stdout.splitlines()[2:]]
     assert len(shown) == 3
     for prefix in shown:
         assert len(prefix) >= 8
@@ -154,11 +223,82 @@ def test_runs_rejects_a_bad_time_in_one_line(url):
     assert_one_line_error(cli(url, "runs", "--since", "yesterday-ish"), "--since")
 
 
-def test_runs_on_an_empty_store_says_so(url):
+def test_runs_on_an_empty_store_says_so(store, url):
     """An empty store lists nothing and exits 0."""
     result = cli(url, "runs")
     assert result.exit_code == 0
     assert "no runs" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("runs",),
+        ("show", "01a2"),
+        ("verify", "--all"),
+        ("replay", "01a2"),
+        ("diff", "01a2", "01a3"),
+        ("query",),
+        ("report", "--out", "reports"),
+        ("step", "01a2"),
+    ],
+)
+def test_reading_a_store_that_does_not_exist_is_refused(tmp_path, args):
+    """A mistyped path is an error naming it, and no empty database is left behind."""
+    missing = tmp_path / "typo" / "runs.db"
+    result = cli(f"sqlite:///{missing}", *args)
+    assert result.exit_code == 2, result.output
+    assert f"no store at {missing}; record a run first or check the path" in result.stderr
+    assert not missing.parent.exists()
+
+
+def test_postgres_url_without_psycopg_names_the_extra(monkeypatch):
+    """Without psycopg, a postgresql:// store says which extra to install, in one line."""
+    for name in [m for m in sys.modules if m.startswith(("replayable.store.postgres", "psycopg"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg now fails
+    with pytest.raises(
+        replayable.ConfigurationError, match=r"pip install 'replayable\[postgres\]'"
+    ):
+        replayable.open_store("postgresql://agent@db.internal/agents")
+    for args in (("runs",), ("db", "upgrade")):
+        result = cli("postgresql://agent@db.internal/agents", *args)
+        assert_one_line_error(result, "need psycopg", "pip install 'replayable[postgres]'")
+
+
+@pytest.mark.parametrize("where", ["after", "before", "equals"])
+def test_store_is_accepted_after_the_command_name(store, url, where):
+    """``replayable runs --store X`` works like ``replayable --store X runs``."""
+    run_id = record(store, agents.research, "alpha")
+    argv = {
+        "before": ["--store", url, "runs", "--json"],
+        "after": ["runs", "--json", "--store", url],
+        "equals": ["runs", f"--store={url}", "--json"],
+    }[where]
+    result = CliRunner().invoke(app, argv, env={"REPLAYABLE_STORE": "sqlite:///elsewhere.db"})
+    assert result.exit_code == 0, result.output
+    assert [r["run_id"] for r in json.loads(result.stdout)] == [run_id]
+    shown = CliRunner().invoke(app, ["show", run_id[:10], "--store", url])
+    assert shown.exit_code == 0, shown.output
+    assert run_id in shown.stdout
+    db = CliRunner().invoke(app, ["db", "upgrade", "--store", url])
+    assert db.exit_code == 2
+    assert "needs a PostgreSQL store" in db.stderr
+
+
+def test_a_later_store_option_wins_and_nothing_after_a_double_dash_moves():
+    """--store after the command overrides one before it; '--' ends the search."""
+    from replayable.cli._context import hoist_store
+
+    assert hoist_store(["--store", "a", "runs", "--store", "b"]) == [
+        "--store",
+        "a",
+        "--store",
+        "b",
+        "runs",
+    ]
+    assert hoist_store(["show", "--", "--store", "x"]) == ["show", "--", "--store", "x"]
+    assert hoist_store(["runs", "--store=x", "--json"]) == ["--store=x", "runs", "--json"]
 
 
 # -- show -------------------------------------------------------------------------
@@ -178,6 +318,29 @@ def test_show_prints_header_and_timeline(store, url):
     assert "side-effect tool" in out
     seqs = [line.split("│")[0].strip() for line in out.splitlines() if "│" in line]
     assert seqs[-3:] == ["1", "2", "3"]
+
+
+@replayable.tool(name="query_compliance_rules_for_jurisdiction")
+def _long_named_tool(code: str) -> list[str]:
+    return [f"rule for {code}"]
+
+
+@replayable.workflow("a_workflow_whose_name_is_longer_than_twenty")
+def _long_named_flow(code: str) -> int:
+    return len(_long_named_tool(code))
+
+
+def test_piped_show_prints_names_and_ids_whole(store, url):
+    """Not a terminal: show keeps boundary names past 20 characters and ids whole."""
+    run_id = record(store, _long_named_flow, "GB")
+    result = cli(url, "show", run_id[:10], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "query_compliance_rules_for_jurisdiction" in result.stdout
+    assert "a_workflow_whose_name_is_longer_than_twenty" in result.stdout
+    assert run_id in result.stdout
+    assert "…" not in result.stdout
+    on_terminal = tty(url, "show", run_id[:10], columns=80)
+    assert "query_compliance_ru…" in on_terminal.stdout  # a terminal still fits the width
 
 
 def test_show_shows_a_recorded_failure(store, url):
@@ -296,6 +459,24 @@ def test_verify_names_the_tampered_event(store, url, db):
     assert reports[run_id]["first_bad_seq"] == 2
     assert not reports[run_id]["ok"]
     assert reports[other]["ok"]
+
+
+@pytest.mark.parametrize(
+    ("args", "label"),
+    [(("verify", "--all"), "verifying"), (("report", "--out", "{tmp}"), "writing reports")],
+)
+def test_long_commands_show_a_progress_bar_on_a_terminal_only(store, url, tmp_path, args, label):
+    """verify --all and report draw a progress bar on a terminal; piped, only the result."""
+    for topic in "abc":
+        record(store, agents.research, topic)
+    argv = [a.replace("{tmp}", str(tmp_path / "r")) for a in args]
+    on_terminal = tty(url, *argv)
+    assert on_terminal.exit_code == 0, on_terminal.output
+    assert label in on_terminal.stdout
+    piped_out = cli(url, *argv)
+    assert piped_out.exit_code == 0, piped_out.output
+    assert label not in piped_out.stdout
+    assert "\x1b" not in piped_out.stdout
 
 
 def test_verify_needs_a_run_or_all(url):

@@ -134,6 +134,40 @@ def test_override_from_a_file(store, url, tmp_path):
     assert data["output"]["hits"] == ["a", "b", "c"]
 
 
+@pytest.mark.parametrize(
+    ("override", "needles"),
+    [
+        ('1={"text": "low"}', ["step 1 (llm", "lacks the keys 'status'", '"status":"ok"']),
+        (
+            '1={"status": "ok", "usage": [], "verdict": {"risk": 3, "score": 1}}',
+            ["is a number at verdict.risk"],
+        ),
+        ('1=["ok"]', ["is a list, where an object was recorded"]),
+        ('2={"risk": "low"}', ["step 2 (llm", "tests.agents_for_cli:Verdict", "'score'"]),
+        ('9={"status": "ok"}', ["has no step 9 (its steps are 1 to 2)"]),
+    ],
+)
+def test_an_override_of_the_wrong_shape_says_what_is_expected(store, url, override, needles):
+    """A value that does not fit the recorded step is refused before the replay runs."""
+    run_id = record(store, agents.graded, "contract")
+    result = cli(url, "replay", run_id, "--override", override)
+    assert_one_line_error(result, f"--override {override.split('=')[0]}", *needles)
+    assert len(store.list_runs()) == 1  # nothing was replayed, so no new run
+
+
+def test_an_override_of_the_right_shape_replaces_an_llm_step(store, url):
+    """An override with the recorded keys (and more) is served; a typed step is rebuilt."""
+    run_id = record(store, agents.graded, "contract")
+    value = '1={"status": "retry", "verdict": {"risk": "low", "score": 1}, "usage": [], "x": 1}'
+    data = as_json(cli(url, "replay", run_id, "--override", value, "--json"))
+    assert data["status"] == "completed", data
+    assert data["output"] == "retry:low:medium"
+    typed = '2={"risk": "critical", "score": 0.1}'
+    data = as_json(cli(url, "replay", run_id, "--override", typed, "--json"))
+    assert data["status"] == "completed", data
+    assert data["output"] == "ok:high:critical"
+
+
 def test_blocked_side_effect_is_named_and_exits_one(store, url):
     """A guarded tool with a new request stops the fork: exit 1, reason side_effect_blocked."""
     run_id = record(store, agents.research, "alpha")

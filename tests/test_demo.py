@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -148,3 +149,43 @@ def test_demo_command_runs_end_to_end(contract_review, tmp_path, monkeypatch):
     assert run["event_count"] == fork["event_count"] == 7
     shown = CliRunner().invoke(app, ["--store", url, "show", fork["run_id"], "--json"])
     assert json.loads(shown.stdout)["run"]["lineage"]["forked_from"] == run["run_id"]
+
+
+def test_demo_closing_commands_work_as_printed_in_a_new_shell(
+    contract_review, tmp_path, monkeypatch
+):
+    """The 'explore it' commands run as printed from another directory, .venv not activated."""
+    import shlex
+    import subprocess
+
+    work = tmp_path / "work"
+    work.mkdir()
+    url = f"sqlite:///{work / 'demo.db'}"
+    monkeypatch.chdir(work)
+    result = CliRunner().invoke(app, ["--store", url, "demo"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("explore it: "))
+    commands = [lines[start].removeprefix("explore it: "), lines[start + 1].strip()]
+    assert shlex.split(commands[0])[-2] == "show"
+    assert shlex.split(commands[1])[-3] == "diff"
+    elsewhere = tmp_path / "home"
+    elsewhere.mkdir()
+    shell_env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(elsewhere),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+    }
+    runs = []
+    for command in commands:
+        runs.append(
+            subprocess.run(
+                command, shell=True, cwd=elsewhere, env=shell_env, capture_output=True, text=True
+            )
+        )
+    shown, diffed = runs
+    assert shown.returncode == 0, (commands[0], shown.stdout, shown.stderr)
+    assert shlex.split(commands[0])[-1] in shown.stdout
+    assert diffed.returncode == 1, (commands[1], diffed.stdout, diffed.stderr)  # 1: they differ
+    assert diffed.stderr == ""
+    assert "aligned steps" in diffed.stdout

@@ -437,6 +437,24 @@ class StoreContract:
         """Metadata filters match key=value for str, bool and int values; all must hold."""
         assert ids(store.list_runs(RunFilter(metadata=metadata))) == [family[k] for k in expected]
 
+    @pytest.mark.parametrize(
+        ("run_filter", "expected"),
+        [
+            (RunFilter(limit=2), 5),
+            (RunFilter(workflow="triage", limit=1), 2),
+            (RunFilter(status="incomplete"), 1),
+            (RunFilter(metadata={"team": "a"}, limit=1), 2),
+            (RunFilter(metadata={"nested": {"x": 1}}), 0),
+            (RunFilter(roots_only=True), 3),
+        ],
+    )
+    def test_count_runs_ignores_the_limit(
+        self, store: EventStore, family: dict[str, str], run_filter: RunFilter, expected: int
+    ) -> None:
+        """count_runs counts every run the filter passes, however many a listing shows."""
+        assert store.count_runs(run_filter) == expected
+        assert len(store.list_runs(run_filter.unlimited())) == expected
+
     def test_list_runs_metadata_none_needs_the_key(self, store: EventStore) -> None:
         """A key=None filter matches runs whose value is null, not runs without the key."""
         with_null, without = new_id(1), new_id(2)

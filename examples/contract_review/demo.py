@@ -12,6 +12,9 @@ filing is held back), and diffs the fork against the original.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -238,13 +241,25 @@ def _run(
             style="bold green" if result.ok else "bold red",
         )
     )
-    console.print(f"explore it: replayable --store {store.url} show {run_id}", markup=False)
+    cli = f"{cli_command()} --store {shlex.quote(store.url)}"
+    console.print(f"explore it: {cli} show {run_id}", markup=False, soft_wrap=True)
     if result.fork_run_id:
         console.print(
-            f"            replayable --store {store.url} diff {run_id} {result.fork_run_id}",
-            markup=False,
+            f"            {cli} diff {run_id} {result.fork_run_id}", markup=False, soft_wrap=True
         )
     return result
+
+
+def cli_command() -> str:
+    """``replayable`` as a new shell can run it: inside a virtual environment (which a
+    new shell has not activated) the full path of its ``replayable`` script."""
+    script = Path(sys.executable).with_name("replayable")
+    in_venv = sys.prefix != sys.base_prefix
+    if not in_venv and shutil.which("replayable") is not None:
+        return "replayable"
+    if script.is_file():
+        return shlex.quote(str(script.absolute()))
+    return f"{shlex.quote(sys.executable)} -m replayable.cli"
 
 
 def _fork_and_diff(

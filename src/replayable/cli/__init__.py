@@ -1,7 +1,8 @@
 """The ``replayable`` command line: list, show, replay, step through, diff and verify runs.
 
-Every command takes the store from ``--store URL`` (or ``$REPLAYABLE_STORE``,
-else ``sqlite:///./.replayable/runs.db``) and accepts run-id prefixes. A user
+Every command takes the store from ``--store URL`` (before or after the
+command's name; or ``$REPLAYABLE_STORE``, else ``sqlite:///./.replayable/runs.db``),
+refuses a store that does not exist, and accepts run-id prefixes. A user
 mistake prints one ``error: …`` line on stderr and exits 2; a replay that
 diverges or a broken hash chain exits 1.
 """
@@ -14,7 +15,7 @@ import typer
 
 from replayable.cli import db as _db
 from replayable.cli import query as _query
-from replayable.cli._context import CliState, ReplayableGroup
+from replayable.cli._context import STORE_HELP, CliState, ReplayableGroup
 from replayable.cli._diffview import diff
 from replayable.cli._inspect import runs, show, verify
 from replayable.cli._modes import replay, step
@@ -42,7 +43,7 @@ def _root(
             "--store",
             envvar="REPLAYABLE_STORE",
             metavar="URL",
-            help="Event store URL: sqlite:///path/to/runs.db or memory://.",
+            help=STORE_HELP,
         ),
     ] = None,
 ) -> None:

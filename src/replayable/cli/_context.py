@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Final
 
 import typer
 from rich.console import Console
@@ -12,7 +12,18 @@ from typer.core import TyperGroup
 from replayable.errors import ReplayableError
 from replayable.store import EventStore, open_store
 
-__all__ = ["EXIT_ERROR", "CliState", "ReplayableGroup", "fail", "state", "stdout"]
+__all__ = [
+    "EXIT_ERROR",
+    "STORE_HELP",
+    "CliState",
+    "ReplayableGroup",
+    "fail",
+    "hoist_store",
+    "piped",
+    "state",
+    "stdout",
+    "whole_stdout",
+]
 
 #: Exit code for a request that could not be carried out (bad input, unreadable store).
 #: Exit code 1 is kept for "done, and the answer is bad": a divergent replay, a broken chain.
@@ -27,9 +38,13 @@ class CliState:
         self._store: EventStore | None = None
 
     def store(self) -> EventStore:
-        """The store named by ``--store`` / ``$REPLAYABLE_STORE`` (or the default)."""
+        """The store named by ``--store`` / ``$REPLAYABLE_STORE`` (or the default).
+
+        Commands read runs that must already be there: a store that does not
+        exist (a mistyped path) is an error, never a new empty database.
+        """
         if self._store is None:
-            self._store = open_store(self.store_url)
+            self._store = open_store(self.store_url, create=False)
         return self._store
 
     def close(self) -> None:
@@ -51,10 +66,59 @@ def stdout() -> Console:
     return Console(file=sys.stdout, highlight=False, soft_wrap=False)
 
 
+#: Width of the console for output that is not a terminal: wide enough that no
+#: value is ever cut to fit (a pipe or a file has no columns to fit).
+_PIPE_WIDTH: Final = 100_000
+
+
+def piped() -> bool:
+    """Whether stdout is not a terminal (a pipe, a file, a test runner)."""
+    return not stdout().is_terminal
+
+
+def whole_stdout() -> Console:
+    """Like :func:`stdout`, but when piped as wide as needed, so nothing is cut."""
+    if piped():
+        return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
+    return stdout()
+
+
 def fail(message: str) -> typer.Exit:
     """Print ``error: message`` as one line on stderr and return the exit to raise."""
     typer.echo(f"error: {' '.join(message.split())}", err=True)
     return typer.Exit(EXIT_ERROR)
+
+
+STORE_HELP = (
+    "Event store URL: sqlite:///path/to/runs.db, postgresql://… or memory://. "
+    "Accepted before or after the command's name."
+)
+
+
+def hoist_store(args: list[str]) -> list[str]:
+    """``--store URL`` given after a command's name, moved before it (where it is parsed).
+
+    ``replayable runs --store X`` then means ``replayable --store X runs``.
+    Nothing after a ``--`` is touched; a later ``--store`` wins over an earlier one.
+    """
+    moved: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        if arg == "--store" and i + 1 < len(args):
+            moved += args[i : i + 2]
+            i += 2
+            continue
+        if arg.startswith("--store="):
+            moved.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return moved + rest
 
 
 class ReplayableGroup(TyperGroup):
@@ -62,8 +126,12 @@ class ReplayableGroup(TyperGroup):
 
     User mistakes (an unknown run, an ambiguous prefix, a bad store URL, an
     unreadable database, an entrypoint that cannot be imported) end here
-    instead of in a traceback.
+    instead of in a traceback. Every command also takes ``--store`` after
+    its name (``replayable runs --store URL``), as people type it.
     """
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return list(super().parse_args(ctx, hoist_store(list(args))))
 
     def invoke(self, ctx: Any) -> Any:
         try:

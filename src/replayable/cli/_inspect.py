@@ -9,10 +9,10 @@ import typer
 from rich.progress import Progress
 from rich.text import Text
 
-from replayable.cli._context import fail, state, stdout
+from replayable.cli._context import fail, piped, state, stdout, whole_stdout
 from replayable.cli._options import parse_meta, parse_status, parse_when
 from replayable.cli.jsonview import event_to_dict, run_to_dict
-from replayable.cli.render import runs_table, timeline
+from replayable.cli.render import runs_rows, runs_table, timeline
 from replayable.cli.runtree import root_run, run_header, run_tree, tree_to_dict
 from replayable.events.model import Run
 from replayable.store import ChainReport, EventStore, RunFilter, verify_run
@@ -45,12 +45,16 @@ def runs(
     until: Annotated[
         str | None, typer.Option(help="Started at or before: ISO date/time, or an age like 2h.")
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many runs.")] = 50,
+    limit: Annotated[
+        int, typer.Option(min=1, help="At most this many runs (the rest are counted).")
+    ] = 50,
     roots: Annotated[bool, typer.Option("--roots", help="Leave out child runs.")] = False,
-    full: Annotated[bool, typer.Option("--full", help="Show full run ids.")] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Show full run ids (always, when piped).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first. Piped, one tab-separated line per run, nothing cut."""
     run_filter = RunFilter(
         workflow=workflow,
         status=parse_status(status),
@@ -62,15 +66,21 @@ def runs(
     )
     store = state(ctx).store()
     found = store.list_runs(run_filter)
+    total = store.count_runs(run_filter) if len(found) >= limit else len(found)
     counts: dict[str, int | None] = {r.run_id: _event_count(store, r) for r in found}
     if as_json:
         _print_json([run_to_dict(r, event_count=counts[r.run_id]) for r in found])
-        return
-    console = stdout()
-    if not found:
-        console.print(f"no runs in {store.url} match", style="dim")
-        return
-    console.print(runs_table(found, counts, full=full))
+    elif not found:
+        stdout().print(f"no runs in {store.url} match", style="dim")
+    elif piped():
+        # A pipe gets every value whole, one run per line, tab-separated.
+        for row in runs_rows(found, counts):
+            typer.echo("\t".join(row))
+    else:
+        stdout().print(runs_table(found, counts, full=full))
+    if total > len(found):
+        # On stderr, so that what a pipe or --json reads stays a clean listing.
+        typer.echo(f"{len(found)} of {total} runs; --limit to see more", err=True)
 
 
 def show(
@@ -98,15 +108,16 @@ def show(
             }
         )
         return
-    console = stdout()
-    console.print(run_header(record, children))
+    console = whole_stdout()
+    console.print(run_header(record, children, whole=piped()))
     console.print()
     tree = run_tree(store, record)
     if tree is not None:
         console.print(Text("run tree", style="bold"))
         console.print(tree)
         console.print()
-    console.print(timeline(events, title=f"{len(events)} event{'' if len(events) == 1 else 's'}"))
+    title = f"{len(events)} event{'' if len(events) == 1 else 's'}"
+    console.print(timeline(events, title=title, whole=piped()))
 
 
 def _report_line(report: ChainReport) -> Text:

@@ -15,6 +15,7 @@ from rich.text import Text
 
 import replayable
 from replayable.cli._context import fail, state, stdout
+from replayable.cli._overrides import check_overrides
 from replayable.cli._replay import agent_paths
 from replayable.cli.render import event_parts, status_text
 from replayable.cli.runtree import lineage_rows
@@ -211,6 +212,7 @@ def replay(
         )
     store = state(ctx).store()
     run_id = store.resolve(run)
+    overrides = check_overrides(store, run_id, overrides)
     agent_paths()
     try:
         result = replayable.replay(

@@ -10,7 +10,7 @@ import typer
 
 from replayable.cli._context import state, stdout
 from replayable.errors import ConfigurationError, StoreError
-from replayable.store import DEFAULT_STORE_URL, open_store
+from replayable.store import DEFAULT_STORE_URL, open_store, postgres_store_class
 
 __all__ = ["db_app", "register"]
 
@@ -30,16 +30,18 @@ def _postgres_url(ctx: typer.Context, command: str) -> str:
             f"`db {command}` needs a PostgreSQL store; pass --store "
             "postgresql://user@host:5432/dbname (the store is " + repr(url.split("?")[0]) + ")"
         )
+    postgres_store_class()  # names the extra to install when psycopg is missing
     return url
 
 
 @db_app.command("upgrade")
 def upgrade(ctx: typer.Context) -> None:
     """Create or upgrade the store's schema. Safe to run twice; never downgrades."""
+    url = _postgres_url(ctx, "upgrade")
     from replayable.store.postgres import LATEST_VERSION, connect, parse_url
     from replayable.store.postgres import upgrade as run_upgrade
 
-    target = parse_url(_postgres_url(ctx, "upgrade"))
+    target = parse_url(url)
     conn = connect(target)
     try:
         import psycopg

@@ -18,6 +18,13 @@ from typing import Annotated, Any
 
 import orjson
 import typer
+from rich.progress import (
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from replayable._files import private_dir, write_private
 from replayable.cli._context import state, stdout
@@ -193,13 +200,28 @@ def report(
     private_dir(out)
     written = 0
     offset: int | None = 0
-    while offset is not None:
-        page = store.search(q.page(offset))
-        for hit in page.hits:
-            write_report(store, hit, out, str(q_text(q)))
-            written += 1
-        offset = page.next_offset
-    stdout().print(f"{written} report(s) written to {out}", markup=False)
+    console = stdout()
+    # A bar on a terminal only: a pipe or a log gets the one closing line.
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("writing reports"),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as bar:
+        task = bar.add_task("writing reports", total=None)
+        while offset is not None:
+            page = store.search(q.page(offset))
+            if page.next_offset is None:
+                bar.update(task, total=written + len(page.hits))
+            for hit in page.hits:
+                write_report(store, hit, out, str(q_text(q)))
+                written += 1
+                bar.advance(task)
+            offset = page.next_offset
+    console.print(f"{written} report(s) written to {out}", markup=False)
 
 
 def q_text(q: EventQuery) -> str:

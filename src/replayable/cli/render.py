@@ -20,6 +20,7 @@ from rich.text import Text
 from replayable.events.model import Event, Run
 
 __all__ = [
+    "RUNS_COLUMNS",
     "STATUS_STYLES",
     "call_args",
     "decoded",
@@ -30,6 +31,7 @@ __all__ = [
     "format_time",
     "plain",
     "run_duration",
+    "runs_rows",
     "runs_table",
     "short_ids",
     "short_value",
@@ -268,9 +270,11 @@ def runs_table(runs: Sequence[Run], counts: Mapping[str, int | None], *, full: b
     every = [r.run_id for r in runs] + [r.parent_run_id for r in runs if r.parent_run_id]
     ids = {r: r for r in every} if full else short_ids(every)
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
-    table.add_column("run", no_wrap=True, style="cyan")
-    table.add_column("workflow", no_wrap=True)
-    table.add_column("status", no_wrap=True)
+    # On a narrow terminal the workflow name gives way; an id or a status never does.
+    id_width = max((len(v) for v in ids.values()), default=8)
+    table.add_column("run", no_wrap=True, style="cyan", min_width=id_width)
+    table.add_column("workflow", overflow="ellipsis")
+    table.add_column("status", no_wrap=True, min_width=len("incomplete"))
     table.add_column("started", no_wrap=True)
     table.add_column("duration", justify="right", no_wrap=True)
     table.add_column("events", justify="right", no_wrap=True)
@@ -288,6 +292,28 @@ def runs_table(runs: Sequence[Run], counts: Mapping[str, int | None], *, full: b
             f"↳ {ids[parent]}" if parent else "",
         )
     return table
+
+
+RUNS_COLUMNS: Final = ("run", "workflow", "status", "started", "duration", "events", "parent")
+
+
+def runs_rows(runs: Sequence[Run], counts: Mapping[str, int | None]) -> list[tuple[str, ...]]:
+    """The ``runs`` listing as plain rows, header first, every value whole (for pipes)."""
+    rows: list[tuple[str, ...]] = [RUNS_COLUMNS]
+    for run in runs:
+        count = counts.get(run.run_id)
+        rows.append(
+            (
+                run.run_id,
+                run.workflow,
+                run.status,
+                format_time(run.started_at),
+                format_duration(run_duration(run)),
+                "" if count is None else str(count),
+                run.parent_run_id or "",
+            )
+        )
+    return [tuple(" ".join(v.split()) for v in row) for row in rows]
 
 
 def decoded(text: str | None) -> Any:
@@ -323,11 +349,14 @@ def event_mark(event: Event) -> Text | None:
     return None
 
 
-def timeline(events: Sequence[Event], *, title: str | None = None) -> RenderableType:
+def timeline(
+    events: Sequence[Event], *, title: str | None = None, whole: bool = False
+) -> RenderableType:
     """The run's events in seq order with summaries, timings and the gap to the next event.
 
     Events of a fork or counterfactual run carry a ``via`` column: replayed
-    from the tape, overridden, live, or a blocked side effect.
+    from the tape, overridden, live, or a blocked side effect. ``whole``
+    keeps names at full length (for output that is not a terminal).
     """
     table = Table(title=title, show_edge=False, pad_edge=False, header_style="bold")
     table.add_column("seq", justify="right", no_wrap=True)
@@ -336,7 +365,10 @@ def timeline(events: Sequence[Event], *, title: str | None = None) -> Renderable
         table.add_column("via", no_wrap=True)
     table.add_column("kind", no_wrap=True, style="blue")
     # Long names give way before the summary does on a narrow terminal.
-    table.add_column("name", no_wrap=True, overflow="ellipsis", max_width=20)
+    if whole:
+        table.add_column("name", no_wrap=True)
+    else:
+        table.add_column("name", no_wrap=True, overflow="ellipsis", max_width=20)
     # Its cells clip themselves to one line; it keeps room to say something.
     table.add_column("summary", min_width=16, ratio=1)
     # Time since the run's first event: shorter than a clock time, and what a

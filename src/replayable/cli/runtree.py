@@ -29,9 +29,18 @@ __all__ = ["lineage_rows", "root_run", "run_header", "run_tree", "tree_to_dict"]
 _MAX_DEPTH: Final = 32
 
 
-def run_header(run: Run, children: Sequence[Run] = ()) -> Table:
-    """Key facts about a run as a two-column grid, lineage included."""
+#: Width that no value reaches: ``whole`` views shorten nothing.
+_WHOLE: Final = 1 << 30
+
+
+def run_header(run: Run, children: Sequence[Run] = (), *, whole: bool = False) -> Table:
+    """Key facts about a run as a two-column grid, lineage included.
+
+    ``whole`` shows input, output, metadata and code in full (for output that
+    is not a terminal); otherwise they are shortened to fit a screen.
+    """
     s = run.start
+    wide = _WHOLE if whole else 0
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
@@ -45,16 +54,16 @@ def run_header(run: Run, children: Sequence[Run] = ()) -> Table:
             "ended", f"{format_time(run.ended_at)}  ({format_duration(run_duration(run))})"
         )
     grid.add_row("tenant", s.tenant or "—")
-    grid.add_row("input", _input_text(s.input))
+    grid.add_row("input", _input_text(s.input, wide or 100))
     if run.end is not None and run.end.output is not None:
-        grid.add_row("output", short_value(decoded(run.end.output), 100))
+        grid.add_row("output", short_value(decoded(run.end.output), wide or 100))
     if run.end is not None and run.end.error is not None:
         err = decoded(run.end.error) or {}
         grid.add_row("error", Text(f"{type_name(err)}: {err.get('message', '')}", style="red"))
-    grid.add_row("metadata", _pairs(s.metadata))
-    grid.add_row("code", _pairs(s.code))
+    grid.add_row("metadata", _pairs(s.metadata, wide or 48))
+    grid.add_row("code", _pairs(s.code, wide or 48))
     if s.env_hash:
-        grid.add_row("env", s.env_hash[:16])
+        grid.add_row("env", s.env_hash if whole else s.env_hash[:16])
     if s.parent_run_id:
         where = f" at step {s.parent_seq}" if s.parent_seq is not None else ""
         grid.add_row("parent", f"{s.parent_run_id}{where}")
@@ -87,7 +96,7 @@ def lineage_rows(lineage: Mapping[str, Any]) -> list[tuple[str, Text]]:
     if mode:
         rows.append(("mode", Text(str(mode))))
     if rest:
-        rows.append(("lineage", Text(_pairs(rest))))
+        rows.append(("lineage", Text(_pairs(rest, _WHOLE))))
     return rows
 
 
@@ -147,14 +156,14 @@ def tree_to_dict(store: EventStore, run: Run, depth: int = 0) -> dict[str, Any]:
     }
 
 
-def _input_text(encoded: str) -> str:
+def _input_text(encoded: str, width: int) -> str:
     tree = decoded(encoded)
-    if isinstance(tree, dict) and set(tree) <= {"args", "kwargs"}:
+    if width < _WHOLE and isinstance(tree, dict) and set(tree) <= {"args", "kwargs"}:
         return f"({call_args(tree)})"
-    return short_value(tree, 100)
+    return short_value(tree, width)
 
 
-def _pairs(mapping: Mapping[str, Any]) -> str:
+def _pairs(mapping: Mapping[str, Any], width: int) -> str:
     if not mapping:
         return "—"
-    return "  ".join(f"{k}={short_value(plain(v), 48)}" for k, v in mapping.items())
+    return "  ".join(f"{k}={short_value(plain(v), width)}" for k, v in mapping.items())

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from replayable.errors import ConfigurationError
+if TYPE_CHECKING:
+    from replayable.store.postgres import PostgresStore
+
+from replayable.errors import ConfigurationError, StoreError
 from replayable.store.base import EventStore, RunFilter
 from replayable.store.memory import MemoryStore
 from replayable.store.verify import ChainReport, verify_run
@@ -17,18 +21,22 @@ __all__ = [
     "MemoryStore",
     "RunFilter",
     "open_store",
+    "postgres_store_class",
     "verify_run",
 ]
 
 DEFAULT_STORE_URL = "sqlite:///./.replayable/runs.db"
 
 
-def open_store(url: str | EventStore | None = None) -> EventStore:
+def open_store(url: str | EventStore | None = None, *, create: bool = True) -> EventStore:
     """Open a store by URL: ``sqlite:///path``, ``memory://``, ``memory://name`` or
     ``postgresql://user@host:port/db?tenant=…&schema=…``.
 
     With no URL, ``$REPLAYABLE_STORE`` is used, else ``sqlite:///./.replayable/runs.db``.
-    A relative SQLite path is taken from the current directory.
+    A relative SQLite path is taken from the current directory. With
+    ``create=False`` a store that does not exist yet (no SQLite file, no
+    schema in PostgreSQL) raises :class:`StoreError` instead of being made
+    empty: what readers want when a path may be mistyped.
     """
     if isinstance(url, EventStore):
         return url
@@ -46,12 +54,29 @@ def open_store(url: str | EventStore | None = None) -> EventStore:
         path = rest[1:] if rest.startswith("/") else rest
         if not path:
             raise ConfigurationError(f"store URL {url!r} names no database file")
+        if not create and path != ":memory:" and not Path(path).exists():
+            raise StoreError(
+                f"no store at {Path(path).absolute()}; record a run first or check the path"
+            )
         return SQLiteStore(Path(path))
     if scheme in ("postgresql", "postgresql+psycopg"):
-        from replayable.store.postgres import PostgresStore
-
-        return PostgresStore(url)
+        return postgres_store_class()(url, create=create)
     raise ConfigurationError(
         f"unknown store scheme {scheme!r} in {url!r}; "
         "expected sqlite://, memory:// or postgresql://"
     )
+
+
+def postgres_store_class() -> type[PostgresStore]:
+    """The PostgreSQL store class; a ConfigurationError naming the extra if psycopg is missing."""
+    try:
+        from replayable.store.postgres import PostgresStore
+    except ImportError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing != "psycopg" and "libpq" not in str(exc) and "pq wrapper" not in str(exc):
+            raise
+        raise ConfigurationError(
+            "postgresql:// stores need psycopg, which is not installed (or cannot load "
+            f"libpq: {exc}); install the extra: pip install 'replayable[postgres]'"
+        ) from exc
+    return PostgresStore

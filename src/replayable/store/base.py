@@ -54,6 +54,19 @@ class RunFilter:
         self.roots_only = roots_only
         self.limit = limit
 
+    def unlimited(self) -> RunFilter:
+        """The same filter without a limit."""
+        return RunFilter(
+            workflow=self.workflow,
+            status=self.status,
+            metadata=self.metadata,
+            since=self.since,
+            until=self.until,
+            parent_run_id=self.parent_run_id,
+            roots_only=self.roots_only,
+            limit=None,
+        )
+
     def sql_conditions(self, ph: str) -> tuple[list[str], list[Any]]:
         """WHERE conditions the SQL backends share, over runs ``r`` left-joined to their
         end records ``e``; ``ph`` is the driver's placeholder. Metadata, whose indexing
@@ -156,6 +169,11 @@ class EventStore(ABC):
     @abstractmethod
     def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
         """Runs passing ``filter``, newest first."""
+
+    def count_runs(self, filter: RunFilter | None = None) -> int:
+        """How many runs pass ``filter``, its ``limit`` ignored (``runs`` says "50 of 212")."""
+        f = filter or RunFilter()
+        return len(self.list_runs(f.unlimited()))
 
     @abstractmethod
     def events(self, run_id: str) -> list[Event]:

@@ -345,8 +345,7 @@ class SQLiteStore(EventStore):
         )
         return [r[0] for r in rows]
 
-    def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
-        f = filter or RunFilter()
+    def _run_conditions(self, f: RunFilter) -> tuple[str, list[Any]]:
         where, params = f.sql_conditions("?")
         for k, v in f.metadata.items():
             if isinstance(v, dict | list):  # nested values are not tagged
@@ -354,9 +353,17 @@ class SQLiteStore(EventStore):
                 continue
             where.append("r.run_id IN (SELECT run_id FROM run_tags WHERE key = ? AND value = ?)")
             params.extend((k, _tag(v)))
-        sql = self._select_runs()
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        return (" WHERE " + " AND ".join(where) if where else ""), params
+
+    def count_runs(self, filter: RunFilter | None = None) -> int:
+        where, params = self._run_conditions(filter or RunFilter())
+        sql = "SELECT count(*) FROM runs r LEFT JOIN run_ends e ON e.run_id = r.run_id" + where
+        return int(self._query(sql, params)[0][0])
+
+    def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
+        f = filter or RunFilter()
+        where, params = self._run_conditions(f)
+        sql = self._select_runs() + where
         sql += " ORDER BY r.started_at DESC, r.run_id DESC"
         if f.limit is not None:
             sql += " LIMIT ?"

@@ -98,7 +98,8 @@ class PostgresStore(EventStore):
 
     Open one with ``open_store("postgresql://user@host/db?tenant=acme")`` or
     ``PostgresStore(url, tenant="acme")``. The schema is created or upgraded on
-    open unless ``migrate=False`` (then run ``replayable db upgrade``).
+    open unless ``migrate=False`` (then run ``replayable db upgrade``);
+    ``create=False`` refuses a schema that holds no store yet.
     """
 
     def __init__(
@@ -108,8 +109,10 @@ class PostgresStore(EventStore):
         tenant: str | None = None,
         schema: str | None = None,
         migrate: bool | None = None,
+        create: bool = True,
     ) -> None:
         target = parse_url(url)
+        self._create = create
         changes: dict[str, Any] = {}
         if tenant is not None:
             changes["tenant"] = tenant or None
@@ -168,6 +171,8 @@ class PostgresStore(EventStore):
                 check_version(version, where)
                 if version == LATEST_VERSION:
                     return
+                if version is None and not self._create:
+                    raise StoreError(f"no store at {where}; record a run first or check the URL")
                 if not self.target.migrate:
                     raise StoreError(
                         f"{where} is at schema version {version or 0}, this replayable needs "
@@ -464,19 +469,33 @@ class PostgresStore(EventStore):
         )
         return [r[0] for r in rows]
 
-    def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
-        f = filter or RunFilter()
+    def _run_conditions(self, f: RunFilter) -> tuple[str, list[Any]] | None:
+        """The WHERE clause of a run filter, or None when no run can match it."""
         if f.parent_run_id is not None and not _is_uuid(f.parent_run_id):
-            return []
+            return None
         where, params = f.sql_conditions("%s")
         if f.metadata:
             if any(isinstance(v, dict | list) for v in f.metadata.values()):
-                return []  # nested values are not indexed, so no filter matches them
+                return None  # nested values are not indexed, so no filter matches them
             where.append("r.tags @> %s::text[]")
             params.append(run_tags(f.metadata))
-        sql = _SELECT_RUNS
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        return (" WHERE " + " AND ".join(where) if where else ""), params
+
+    def count_runs(self, filter: RunFilter | None = None) -> int:
+        found = self._run_conditions(filter or RunFilter())
+        if found is None:
+            return 0
+        where, params = found
+        sql = "SELECT count(*) FROM runs r LEFT JOIN run_ends e ON e.run_id = r.run_id" + where
+        return int(self.query(sql, params)[0][0])
+
+    def list_runs(self, filter: RunFilter | None = None) -> list[Run]:
+        f = filter or RunFilter()
+        found = self._run_conditions(f)
+        if found is None:
+            return []
+        where, params = found
+        sql = _SELECT_RUNS + where
         sql += " ORDER BY r.started_at DESC, r.run_id DESC"
         if f.limit is not None:
             sql += " LIMIT %s"
