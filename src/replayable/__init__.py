@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from replayable._lazy import lazy
 from replayable.errors import (
+    AccessDeniedError,
     AmbiguousRunIdError,
     AppendOnlyError,
     ConfigurationError,
@@ -34,6 +35,10 @@ from replayable.errors import (
 )
 
 if TYPE_CHECKING:
+    from replayable.audit import (  # type: ignore[assignment]
+        annotate,
+        annotations,
+    )
     from replayable.capture import (
         ContextThreadPoolExecutor,
         Recording,
@@ -82,6 +87,8 @@ _LAZY: dict[str, str] = {
         ),
         "replayable.capture",
     ),
+    "annotate": "replayable.audit",
+    "annotations": "replayable.audit",
     "deterministic": "replayable.capture.deterministic",
     "RunDiff": "replayable.diff",
     "diff": "replayable.diff",
@@ -101,10 +108,15 @@ _LAZY: dict[str, str] = {
 
 __getattr__, __dir__ = lazy(__name__, _LAZY)
 
+# ``from __future__ import annotations`` bound this name to a compiler flag; the
+# public function of that name must be found by ``__getattr__`` instead.
+globals().pop("annotations", None)
+
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDeniedError",
     "AmbiguousRunIdError",
     "AppendOnlyError",
     "ConfigurationError",
@@ -131,6 +143,8 @@ __all__ = [
     "StoreRefusedError",
     "StoreUnavailableError",
     "__version__",
+    "annotate",
+    "annotations",
     "asleep",
     "carry",
     "configure",

@@ -10,7 +10,8 @@
     │   ├── StoreRefusedError                the store said no; retrying the same cannot help
     │   │   ├── AppendOnlyError              the store refused an update, delete or duplicate
     │   │   ├── SchemaVersionError           the database was written by a newer replayable
-    │   │   └── StoreAuthenticationError     the login was refused (password, role, database)
+    │   │   ├── StoreAuthenticationError     the login was refused (password, role, database)
+    │   │   └── AccessDeniedError (PermissionError)  this role or login may not do that
     │   └── RunNotFoundError (LookupError)   no run has that id or prefix
     │       └── AmbiguousRunIdError          a prefix names more than one run
     ├── ReplayError                          replay could not be set up
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from replayable.replay.divergence import Divergence
 
 __all__ = [
+    "AccessDeniedError",
     "AmbiguousRunIdError",
     "AppendOnlyError",
     "ConfigurationError",
@@ -110,6 +112,14 @@ class AppendOnlyError(StoreRefusedError):
 
 class SchemaVersionError(StoreRefusedError):
     """The database holds a schema this version of replayable does not know."""
+
+
+class AccessDeniedError(StoreRefusedError, PermissionError):
+    """The role or database login may not do this (annotate as an auditor, say).
+
+    Raised by the library's own role check and, on PostgreSQL, when the
+    database refuses the login the privilege.
+    """
 
 
 class RunNotFoundError(StoreError, LookupError):

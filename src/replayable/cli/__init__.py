@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from replayable.cli import audit as _audit
 from replayable.cli import db as _db
 from replayable.cli import query as _query
 from replayable.cli._context import STORE_HELP, CliState, ReplayableGroup
@@ -62,6 +63,7 @@ app.command("diff")(diff)
 app.command("tools")(tools)
 app.command("verify")(verify)
 _db.register(app)
+_audit.register(app)
 _query.register(app)
 
 

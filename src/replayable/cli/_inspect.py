@@ -6,11 +6,20 @@ from typing import Annotated
 
 import orjson
 import typer
+from rich.console import RenderableType
 from rich.progress import Progress
 from rich.text import Text
 
 from replayable.cli._context import fail, piped, state, stdout, whole_stdout
 from replayable.cli._options import parse_meta, parse_status, parse_when
+from replayable.cli.audit import (
+    AsUser,
+    Purpose,
+    RoleOpt,
+    annotation_lines,
+    annotation_to_dict,
+    reader,
+)
 from replayable.cli.jsonview import event_to_dict, run_to_dict
 from replayable.cli.render import runs_rows, runs_table, timeline
 from replayable.cli.runtree import root_run, run_header, run_tree, tree_to_dict
@@ -89,15 +98,20 @@ def show(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the run and its events as JSON.")
     ] = False,
+    user: AsUser = None,
+    role: RoleOpt = None,
+    purpose: Purpose = None,
 ) -> None:
-    """Show a run: its header and lineage, its tree of runs, then every event in order.
+    """Show a run: its header and lineage, its tree of runs, then every event in order,
+    with its annotations under their events (the read is written to the access log).
 
     Events of a fork or counterfactual run are marked replayed, override,
     live or blocked.
     """
-    store = state(ctx).store()
-    record = store.run(run)
-    events = store.events(record.run_id)
+    audit = reader(ctx, user, role, purpose)
+    store = audit.store
+    record = audit.run(run)
+    events, notes = audit.timeline(record)
     children = store.children(record.run_id)
     if as_json:
         _print_json(
@@ -105,6 +119,7 @@ def show(
                 "run": run_to_dict(record, event_count=len(events), detail=True, children=children),
                 "events": [event_to_dict(e) for e in events],
                 "tree": tree_to_dict(store, root_run(store, record)),
+                "annotations": [annotation_to_dict(a, notes) for a in notes.history],
             }
         )
         return
@@ -116,8 +131,17 @@ def show(
         console.print(Text("run tree", style="bold"))
         console.print(tree)
         console.print()
+    on_run = notes.on_step(None)
+    for a in on_run:
+        console.print(annotation_lines(a))
+    if on_run:
+        console.print()
+    by_step: dict[int, list[RenderableType]] = {}
+    for a in notes.current:
+        if a.seq is not None:
+            by_step.setdefault(a.seq, []).append(annotation_lines(a))
     title = f"{len(events)} event{'' if len(events) == 1 else 's'}"
-    console.print(timeline(events, title=title, whole=piped()))
+    console.print(timeline(events, title=title, whole=piped(), notes=by_step))
 
 
 def _report_line(report: ChainReport) -> Text:

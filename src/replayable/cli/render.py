@@ -350,13 +350,18 @@ def event_mark(event: Event) -> Text | None:
 
 
 def timeline(
-    events: Sequence[Event], *, title: str | None = None, whole: bool = False
+    events: Sequence[Event],
+    *,
+    title: str | None = None,
+    whole: bool = False,
+    notes: Mapping[int, Sequence[RenderableType]] | None = None,
 ) -> RenderableType:
     """The run's events in seq order with summaries, timings and the gap to the next event.
 
     Events of a fork or counterfactual run carry a ``via`` column: replayed
     from the tape, overridden, live, or a blocked side effect. ``whole``
-    keeps names at full length (for output that is not a terminal).
+    keeps names at full length (for output that is not a terminal). ``notes``
+    (seq -> renderables, e.g. annotations) are shown in rows under their event.
     """
     table = Table(title=title, show_edge=False, pad_edge=False, header_style="bold")
     table.add_column("seq", justify="right", no_wrap=True)
@@ -400,6 +405,9 @@ def timeline(
             format_duration(gap) if gap is not None and gap >= 0 else "",
             style="red" if failed else None,
         )
+        for note in (notes or {}).get(event.seq, ()):
+            blank = [""] * (1 + len(via) + 2)
+            table.add_row(*blank, note, "", "", "")
     if not events:
         return Text("(no events recorded)", style="dim")
     if side_effects:

@@ -14,6 +14,7 @@ from typing import Any
 
 from replayable.errors import AmbiguousRunIdError, RunNotFoundError
 from replayable.events.model import Event, Run, RunEnd, RunStart, RunStatus
+from replayable.store.audit_base import AuditStore
 from replayable.store.search import EventQuery, SearchPage, search_in_python
 
 __all__ = ["EventStore", "RunFilter"]
@@ -134,8 +135,8 @@ def tag_value(value: Any) -> str | None:
     return str(value)
 
 
-class EventStore(ABC):
-    """Append-only storage for runs, events and blobs."""
+class EventStore(AuditStore, ABC):
+    """Append-only storage for runs, events and blobs, and the audit records beside them."""
 
     url: str
 
@@ -211,7 +212,7 @@ class EventStore(ABC):
         """
         return self.url
 
-    def interrupt(self) -> None:  # noqa: B027 - optional for backends without sockets
+    def interrupt(self) -> None:
         """Abort a store call that hangs in another thread (a network read that will
         never be answered), so it fails and releases the store. No-op by default."""
 

@@ -8,12 +8,13 @@ from typing import ClassVar
 
 from replayable.errors import AppendOnlyError, RunNotFoundError
 from replayable.events.model import Event, Run, RunEnd, RunStart
+from replayable.store._memory_audit import MemoryAudit
 from replayable.store.base import EventStore, RunFilter
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(EventStore):
+class MemoryStore(MemoryAudit, EventStore):
     """Keeps everything in dicts; ``memory://name`` stores of one name are shared in a process."""
 
     _named: ClassVar[dict[str, MemoryStore]] = {}
@@ -26,6 +27,7 @@ class MemoryStore(EventStore):
         self._ends: dict[str, RunEnd] = {}
         self._events: dict[str, dict[int, Event]] = {}
         self._blobs: dict[str, bytes] = {}
+        self._audit_init()
 
     @classmethod
     def named(cls, name: str) -> MemoryStore:

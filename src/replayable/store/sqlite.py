@@ -21,6 +21,7 @@ from replayable.errors import (
     StoreUnavailableError,
 )
 from replayable.events.model import Event, Run, RunEnd, RunStart
+from replayable.store._sqlite_audit import AUDIT_SCHEMA, AUDIT_TABLES, SQLiteAudit
 from replayable.store.base import EventStore, RunFilter, tag_value
 from replayable.store.rows import event_from_row, event_to_row, run_from_row
 
@@ -28,7 +29,8 @@ __all__ = ["SQLiteStore"]
 
 _DB_VERSION = 1
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, workflow TEXT NOT NULL, entrypoint TEXT NOT NULL,
@@ -59,8 +61,10 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_kind_name ON events (kind, name);
 CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
 """
+    + AUDIT_SCHEMA
+)
 
-_APPEND_ONLY = ("runs", "run_ends", "run_tags", "events", "blobs")
+_APPEND_ONLY = ("runs", "run_ends", "run_tags", "events", "blobs", *AUDIT_TABLES)
 
 
 def _triggers() -> str:
@@ -150,7 +154,7 @@ def store_error(exc: sqlite3.Error | OSError, message: str) -> StoreError:
     return error
 
 
-class SQLiteStore(EventStore):
+class SQLiteStore(SQLiteAudit, EventStore):
     """Runs in one SQLite file. Writes go through one connection; reads use one per thread."""
 
     def __init__(self, path: Path | str) -> None:

@@ -15,6 +15,7 @@ import psycopg
 import psycopg.errors
 
 from replayable.errors import (
+    AccessDeniedError,
     AppendOnlyError,
     ConfigurationError,
     StoreAuthenticationError,
@@ -190,7 +191,7 @@ def raise_store_error(exc: psycopg.Error, target: PgTarget, action: str) -> NoRe
         raise AppendOnlyError(f"{target.display} refused the batch: {reason}") from exc
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         tenant = f" for tenant {target.tenant!r}" if target.tenant else ""
-        raise StoreRefusedError(
+        raise AccessDeniedError(
             f"{action} in {target.display} was refused{tenant}: {reason}"
         ) from exc
     if isinstance(exc, psycopg.errors.UndefinedTable):

@@ -3,7 +3,7 @@
 ====================  ============================================================
 ``<prefix>_writer``   INSERT and SELECT on the log (what a recording agent needs)
 ``<prefix>_auditor``  SELECT on the log
-``<prefix>_analyst``  SELECT on the log (the audit tables add annotation rights)
+``<prefix>_analyst``  SELECT on the log, and INSERT annotations (``_audit``)
 ``<prefix>_maintenance``  SELECT, and EXECUTE on the maintenance procedures
 ``<prefix>_admin``    changes tenant memberships (``replayable db grant-tenant``)
 ``<prefix>_steward``  NOLOGIN, no members: owns the maintenance procedures, the
@@ -25,6 +25,7 @@ import psycopg
 from psycopg import sql
 
 from replayable.errors import ConfigurationError
+from replayable.store.postgres._audit import grant_audit
 from replayable.store.postgres._schema import APPEND_ONLY_TABLES, LOG_TABLES, valid_identifier
 
 __all__ = ["Roles", "init_roles"]
@@ -143,6 +144,15 @@ def init_roles(
             conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(st))
         for statement in statements:
             conn.execute(statement)
+        grant_audit(
+            conn,
+            schema,
+            writer=roles.writer,
+            auditor=roles.auditor,
+            analyst=roles.analyst,
+            maintenance=roles.maintenance,
+            admin=roles.admin,
+        )
         if not held:
             conn.execute(sql.SQL("REVOKE {} FROM CURRENT_USER").format(st))
     return roles

@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from replayable.errors import SchemaVersionError
+from replayable.store.postgres._audit import audit_migration
 from replayable.store.postgres._tenancy import V2_TENANCY
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "current_version", "upgrade", "valid_identifier"]
@@ -183,7 +184,7 @@ def _v1_guards() -> list[str]:
 
 
 #: Migration n (1-based) brings a database from version n-1 to n.
-MIGRATIONS: Final[list[list[str]]] = [_V1 + _v1_guards(), V2_TENANCY]
+MIGRATIONS: Final[list[list[str]]] = [_V1 + _v1_guards(), V2_TENANCY, audit_migration()]
 LATEST_VERSION: Final = len(MIGRATIONS)
 
 _LOCK_KEY = 0x7265706C6179  # "replay": serializes concurrent upgrades

@@ -18,6 +18,7 @@ import psycopg
 from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store.base import EventStore, RunFilter, tag_value
+from replayable.store.postgres._audit import PostgresAudit
 from replayable.store.postgres._connect import connect, parse_url, raise_store_error
 from replayable.store.postgres._schema import LATEST_VERSION, check_version, current_version
 from replayable.store.postgres._schema import upgrade as run_upgrade
@@ -93,7 +94,7 @@ def run_tags(metadata: dict[str, Any]) -> list[str]:
     return tags
 
 
-class PostgresStore(EventStore):
+class PostgresStore(PostgresAudit, EventStore):
     """Runs in a PostgreSQL schema. ``tenant`` scopes every read and write (row-level security).
 
     Open one with ``open_store("postgresql://user@host/db?tenant=acme")`` or

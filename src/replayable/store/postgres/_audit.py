@@ -1,0 +1,454 @@
+"""The PostgreSQL store's audit tables: schema migration, grants and the store's methods.
+
+Annotations, the access log, anomaly flags and scan marks live in their own
+append-only tables (the log's ``refuse_change`` trigger guards them too) with
+row-level security per tenant like the log. Each row also records the
+database login that wrote it (``db_login DEFAULT session_user``), which the
+application cannot choose. Grants (see :func:`grant_audit`):
+
+=================  ===============================================================
+writer             INSERT into the access log (its reads are logged); nothing else
+auditor            SELECT everything; INSERT into the access log
+analyst            SELECT annotations and flags; INSERT annotations and access log
+maintenance        SELECT; INSERT flags and scan marks (the anomaly scan job)
+admin              all of the above
+=================  ===============================================================
+
+Which rows a login sees is decided by the log's tenant policies (``_tenancy``):
+the tenants of its memberships, never a setting.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag, WorkflowStats
+from replayable.events.model import Event, Run
+from replayable.store.audit_base import STATS_WINDOW
+from replayable.store.postgres._tenancy import _READ
+from replayable.store.rows import event_from_row, run_from_row
+
+if TYPE_CHECKING:
+    from replayable.store.postgres._connect import PgTarget
+
+__all__ = ["AUDIT_TABLES", "PostgresAudit", "audit_migration", "grant_audit"]
+
+AUDIT_TABLES: Final = ("annotations", "access_log", "anomaly_flags", "anomaly_scanned")
+
+
+def audit_migration() -> list[str]:
+    """The statements creating the audit tables, their guards and tenant policies."""
+    statements = [
+        """
+        CREATE TABLE {s}.annotations (
+            annotation_id  TEXT PRIMARY KEY,
+            run_id         UUID NOT NULL,
+            seq            INTEGER,
+            author         TEXT NOT NULL,
+            role           TEXT NOT NULL,
+            login          TEXT NOT NULL,
+            created_at     DOUBLE PRECISION NOT NULL,
+            verdict        TEXT CHECK (verdict IN ('ok', 'concern', 'violation', 'needs-review')),
+            policy         TEXT,
+            note           TEXT NOT NULL,
+            amends         TEXT,
+            retract        BOOLEAN NOT NULL,
+            closes_text    TEXT NOT NULL,
+            tenant         TEXT,
+            chain_index    INTEGER NOT NULL,
+            prev_hash      TEXT NOT NULL,
+            hash           TEXT NOT NULL,
+            schema_version INTEGER NOT NULL,
+            db_login       TEXT NOT NULL DEFAULT session_user,
+            recorded_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+            CONSTRAINT annotations_run_chain UNIQUE (run_id, chain_index)
+        )
+        """,
+        """
+        CREATE TABLE {s}.access_log (
+            entry_id       TEXT PRIMARY KEY,
+            at             DOUBLE PRECISION NOT NULL,
+            login          TEXT NOT NULL,
+            app_user       TEXT NOT NULL,
+            role           TEXT NOT NULL,
+            channel        TEXT NOT NULL,
+            purpose        TEXT,
+            run_id         UUID,
+            steps_text     TEXT NOT NULL,
+            what_text      TEXT NOT NULL,
+            tenant         TEXT,
+            schema_version INTEGER NOT NULL,
+            db_login       TEXT NOT NULL DEFAULT session_user,
+            recorded_at    TIMESTAMPTZ NOT NULL DEFAULT now()
+        )
+        """,
+        "CREATE INDEX idx_access_log_at ON {s}.access_log (at)",
+        "CREATE INDEX idx_access_log_run ON {s}.access_log (run_id, at)",
+        """
+        CREATE TABLE {s}.anomaly_flags (
+            flag_id        TEXT PRIMARY KEY,
+            rule           TEXT NOT NULL,
+            run_id         UUID NOT NULL,
+            workflow       TEXT NOT NULL,
+            steps_text     TEXT NOT NULL,
+            evidence_text  TEXT NOT NULL,
+            score          DOUBLE PRECISION NOT NULL,
+            created_at     DOUBLE PRECISION NOT NULL,
+            tenant         TEXT,
+            schema_version INTEGER NOT NULL,
+            position       BIGSERIAL,
+            db_login       TEXT NOT NULL DEFAULT session_user
+        )
+        """,
+        "CREATE INDEX idx_anomaly_flags_run ON {s}.anomaly_flags (run_id)",
+        "CREATE INDEX idx_anomaly_flags_rule ON {s}.anomaly_flags (rule, created_at)",
+        """
+        CREATE TABLE {s}.anomaly_scanned (
+            run_id     UUID PRIMARY KEY,
+            tenant     TEXT,
+            scanned_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )
+        """,
+    ]
+    for table in AUDIT_TABLES:
+        statements += [
+            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {{s}}.{table} "
+            "FOR EACH ROW EXECUTE FUNCTION {s}.refuse_change()",
+            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {{s}}.{table} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse_change()",
+            # The tenants of the login's memberships, never a setting. Reading a
+            # tenant is enough to add to its audit trail (log a read, annotate);
+            # the table grants decide who may add what.
+            f"ALTER TABLE {{s}}.{table} ENABLE ROW LEVEL SECURITY",
+            f"CREATE POLICY tenant_isolation ON {{s}}.{table} "
+            f"USING (COALESCE(tenant, '') = ANY ({_READ})) "
+            f"WITH CHECK (COALESCE(tenant, '') = ANY ({_READ}))",
+        ]
+    return statements
+
+
+def grant_audit(
+    conn: psycopg.Connection[tuple[object, ...]],
+    schema: str,
+    *,
+    writer: str,
+    auditor: str,
+    analyst: str,
+    maintenance: str,
+    admin: str,
+) -> None:
+    """Grant the audit tables to the roles (see the module's table). Idempotent."""
+    s = sql.Identifier(schema)
+
+    def tables(*names: str) -> sql.Composable:
+        return sql.SQL(", ").join(sql.SQL("{}.{}").format(s, sql.Identifier(t)) for t in names)
+
+    w, a, an, m, ad = (sql.Identifier(r) for r in (writer, auditor, analyst, maintenance, admin))
+    everyone = sql.SQL(", ").join([w, a, an, m, ad])
+    statements = [
+        sql.SQL("REVOKE ALL ON {} FROM {}").format(tables(*AUDIT_TABLES), everyone),
+        sql.SQL("GRANT INSERT ON {} TO {}").format(tables("access_log"), everyone),
+        sql.SQL("GRANT SELECT ON {} TO {}, {}").format(tables(*AUDIT_TABLES), a, ad),
+        sql.SQL("GRANT SELECT ON {} TO {}, {}").format(
+            tables("annotations", "anomaly_flags", "anomaly_scanned"), an, m
+        ),
+        sql.SQL("GRANT INSERT ON {} TO {}, {}").format(tables("annotations"), an, ad),
+        sql.SQL("GRANT INSERT ON {} TO {}, {}").format(
+            tables("anomaly_flags", "anomaly_scanned"), m, ad
+        ),
+        sql.SQL("GRANT USAGE ON SEQUENCE {}.{} TO {}, {}").format(
+            s, sql.Identifier("anomaly_flags_position_seq"), m, ad
+        ),
+    ]
+    for statement in statements:
+        conn.execute(statement)
+
+
+_ANN_COLS = (
+    "annotation_id, run_id::text, seq, author, role, login, created_at, verdict, policy, note, "
+    "amends, retract, closes_text, tenant, chain_index, prev_hash, hash, schema_version"
+)
+_ANN_INSERT = _ANN_COLS.replace("run_id::text", "run_id")
+_ACCESS_COLS = (
+    "entry_id, at, login, app_user, role, channel, purpose, run_id::text, steps_text, "
+    "what_text, tenant, schema_version"
+)
+_FLAG_COLS = (
+    "flag_id, rule, run_id::text, workflow, steps_text, evidence_text, score, created_at, "
+    "tenant, schema_version"
+)
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+class PostgresAudit:
+    """Mixed into :class:`~replayable.store.postgres.PostgresStore`."""
+
+    target: PgTarget
+    tenant: str | None
+    url: str
+    _write_lock: threading.Lock
+    _login: str | None = None
+
+    def _conn(self, write: bool) -> psycopg.Connection[tuple[Any, ...]]:
+        raise NotImplementedError  # pragma: no cover - PostgresStore provides it
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError  # pragma: no cover - PostgresStore provides it
+
+    def _write_rows(
+        self, what: str, statements: Sequence[tuple[str, list[tuple[Any, ...]]]]
+    ) -> None:
+        from replayable.store.postgres._connect import raise_store_error
+
+        with self._write_lock:
+            conn = self._conn(write=True)
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    for statement, rows in statements:
+                        if rows:
+                            cur.executemany(statement, rows)
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, f"writing {what}")
+
+    def _row_tenant(self, tenant: str | None) -> str | None:
+        return self.tenant if self.tenant is not None else tenant
+
+    def login_name(self) -> str:
+        if self._login is None:
+            rows = self.query("SELECT session_user")
+            self._login = str(rows[0][0])
+        return self._login
+
+    def append_annotations(self, annotations: Sequence[Annotation]) -> None:
+        rows = [
+            (
+                a.annotation_id,
+                a.run_id,
+                a.seq,
+                a.author,
+                a.role,
+                a.login,
+                a.created_at,
+                a.verdict,
+                a.policy,
+                a.note,
+                a.amends,
+                a.retract,
+                _json(list(a.closes)),
+                self._row_tenant(a.tenant),
+                a.chain_index,
+                a.prev_hash,
+                a.hash,
+                a.schema_version,
+            )
+            for a in annotations
+        ]
+        statement = f"INSERT INTO annotations ({_ANN_INSERT}) VALUES ({', '.join(['%s'] * 18)})"
+        self._write_rows("annotations", [(statement, rows)])
+
+    def annotations(self, run_id: str) -> list[Annotation]:
+        from replayable.store._sqlite_audit import annotation_from_row
+        from replayable.store.postgres._store import _is_uuid
+
+        if not _is_uuid(run_id):
+            return []
+        rows = self.query(
+            f"SELECT {_ANN_COLS} FROM annotations WHERE run_id = %s ORDER BY chain_index",
+            (run_id,),
+        )
+        return [annotation_from_row(r) for r in rows]
+
+    def closed_flag_ids(self) -> set[str]:
+        rows = self.query("SELECT closes_text FROM annotations WHERE closes_text <> '[]'")
+        return {f for (text,) in rows for f in orjson.loads(text)}
+
+    def append_access(self, entries: Sequence[AccessEntry]) -> None:
+        rows = [
+            (
+                e.entry_id,
+                e.at,
+                e.login,
+                e.user,
+                e.role,
+                e.channel,
+                e.purpose,
+                e.run_id,
+                _json(list(e.steps)),
+                _json(list(e.what)),
+                self._row_tenant(e.tenant),
+                e.schema_version,
+            )
+            for e in entries
+        ]
+        cols = _ACCESS_COLS.replace("run_id::text", "run_id")
+        statement = f"INSERT INTO access_log ({cols}) VALUES ({', '.join(['%s'] * 12)})"
+        self._write_rows("access-log entries", [(statement, rows)])
+
+    def access_entries(
+        self,
+        *,
+        run_id: str | None = None,
+        who: str | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[AccessEntry]:
+        from replayable.store._sqlite_audit import _access_where, access_from_row
+        from replayable.store.postgres._store import _is_uuid
+
+        if run_id is not None and not _is_uuid(run_id):
+            return []
+        where, params = _access_where(run_id, who, since, "%s")
+        statement = f"SELECT {_ACCESS_COLS} FROM access_log"
+        if where:
+            statement += " WHERE " + " AND ".join(where)
+        statement += " ORDER BY at DESC, entry_id DESC"
+        if limit is not None:
+            statement += " LIMIT %s"
+            params.append(limit)
+        return [access_from_row(r) for r in reversed(self.query(statement, params))]
+
+    def append_flags(self, flags: Sequence[AnomalyFlag], scanned: Sequence[str]) -> None:
+        flag_rows = [
+            (
+                f.flag_id,
+                f.rule,
+                f.run_id,
+                f.workflow,
+                _json(list(f.steps)),
+                _json(f.evidence),
+                f.score,
+                f.created_at,
+                self._row_tenant(f.tenant),
+                f.schema_version,
+            )
+            for f in flags
+        ]
+        cols = _FLAG_COLS.replace("run_id::text", "run_id")
+        tenants = {f.run_id: self._row_tenant(f.tenant) for f in flags}
+        self._write_rows(
+            "anomaly flags",
+            [
+                (
+                    f"INSERT INTO anomaly_flags ({cols}) VALUES ({', '.join(['%s'] * 10)})",
+                    flag_rows,
+                ),
+                (
+                    "INSERT INTO anomaly_scanned (run_id, tenant) VALUES (%s, %s)",
+                    [(r, tenants.get(r, self.tenant)) for r in scanned],
+                ),
+            ],
+        )
+
+    def flags(
+        self,
+        *,
+        run_id: str | None = None,
+        rule: str | None = None,
+        since: float | None = None,
+    ) -> list[AnomalyFlag]:
+        from replayable.store._sqlite_audit import flag_from_row
+        from replayable.store.postgres._store import _is_uuid
+
+        where: list[str] = []
+        params: list[Any] = []
+        if run_id is not None:
+            if not _is_uuid(run_id):
+                return []
+            where.append("run_id = %s")
+            params.append(run_id)
+        if rule is not None:
+            where.append("rule = %s")
+            params.append(rule)
+        if since is not None:
+            where.append("created_at >= %s")
+            params.append(since)
+        statement = f"SELECT {_FLAG_COLS} FROM anomaly_flags"
+        if where:
+            statement += " WHERE " + " AND ".join(where)
+        statement += " ORDER BY position"
+        return [flag_from_row(r) for r in self.query(statement, params)]
+
+    def unscanned_runs(
+        self,
+        *,
+        since: float | None = None,
+        workflow: str | None = None,
+        limit: int = 500,
+        after: tuple[float, str] | None = None,
+    ) -> list[Run]:
+        from replayable.store.postgres._store import _RUN_COLS
+
+        where = ["NOT EXISTS (SELECT 1 FROM anomaly_scanned s WHERE s.run_id = r.run_id)"]
+        params: list[Any] = []
+        if since is not None:
+            where.append("r.started_at >= %s")
+            params.append(since)
+        if workflow is not None:
+            where.append("r.workflow = %s")
+            params.append(workflow)
+        if after is not None:
+            where.append("(r.started_at, r.run_id) > (%s, %s::uuid)")
+            params.extend(after)
+        statement = (
+            f"SELECT {_RUN_COLS} FROM runs r JOIN run_ends e ON e.run_id = r.run_id WHERE "
+            + " AND ".join(where)
+            + " ORDER BY r.started_at, r.run_id LIMIT %s"
+        )
+        return [run_from_row(r) for r in self.query(statement, [*params, limit])]
+
+    def events_of(self, run_ids: Sequence[str]) -> dict[str, list[Event]]:
+        from replayable.store.postgres._store import _EVENT_COLS, _is_uuid
+
+        out: dict[str, list[Event]] = {r: [] for r in run_ids}
+        valid = [r for r in out if _is_uuid(r)]
+        if valid:
+            rows = self.query(
+                f"SELECT {_EVENT_COLS} FROM agent_execution_events "
+                "WHERE run_id = ANY(%s::uuid[]) ORDER BY run_id, sequence",
+                (valid,),
+            )
+            for row in rows:
+                out[row[0]].append(event_from_row(row))
+        return out
+
+    def workflow_stats(self, workflows: Iterable[str]) -> dict[str, WorkflowStats]:
+        names = list(dict.fromkeys(workflows))
+        if not names:
+            return {}
+        rows = self.query(
+            """
+            SELECT w.workflow, count(per.n), COALESCE(avg(per.n), 0),
+                   COALESCE(stddev_pop(per.n), 0),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY per.duration)
+              FROM unnest(%s::text[]) AS w(workflow)
+              LEFT JOIN LATERAL (
+                   SELECT e.ended_at - r.started_at AS duration,
+                          (SELECT count(*) FROM agent_execution_events v
+                            WHERE v.run_id = r.run_id AND v.event_type = 'llm') AS n
+                     FROM runs r JOIN run_ends e ON e.run_id = r.run_id
+                    WHERE r.workflow = w.workflow
+                    ORDER BY e.ended_at DESC LIMIT %s
+              ) per ON true
+             GROUP BY w.workflow
+            """,
+            (names, STATS_WINDOW),
+        )
+        return {
+            str(wf): WorkflowStats(
+                workflow=str(wf),
+                runs=int(count),
+                llm_mean=float(mean),
+                llm_std=float(std),
+                median_duration=None if median is None else float(median),
+            )
+            for wf, count, mean, std, median in rows
+        }
