@@ -355,7 +355,7 @@ def test_store_reads_as_a_show_nothing_of_b(world: World, login: str) -> None:
             store.close()
 
 
-@pytest.mark.parametrize("login", ["a_writer", "a_auditor"])
+@pytest.mark.parametrize("login", ["a_writer", "a_auditor", "a_maint"])
 def test_cli_as_a_shows_nothing_of_b(world: World, login: str, tmp_path: Path) -> None:
     """runs, show, query, report and replay through the CLI as A: B's run is never named."""
     url = world.url(login)
@@ -593,8 +593,9 @@ def test_store_with_several_writable_tenants_needs_one_named(world: World, pg: P
     try:
         assert store.tenant is None
         rid = new_id(50)
-        with pytest.raises(StoreError, match="refused"):
+        with pytest.raises(StoreError, match="refused") as info:
             store.append([make_start(rid)])
+        assert "replayable db grant-tenant LOGIN TENANT --write" in str(info.value)
     finally:
         store.close()
     named = PostgresStore(world.url(login, tenant="B"))

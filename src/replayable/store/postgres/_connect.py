@@ -191,8 +191,14 @@ def raise_store_error(exc: psycopg.Error, target: PgTarget, action: str) -> NoRe
         raise AppendOnlyError(f"{target.display} refused the batch: {reason}") from exc
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         tenant = f" for tenant {target.tenant!r}" if target.tenant else ""
+        hint = ""
+        if "row-level security" in reason:
+            hint = (
+                f"; the login may not write tenant {target.tenant or ''!r}: an admin grants "
+                "it with `replayable db grant-tenant LOGIN TENANT --write`"
+            )
         raise AccessDeniedError(
-            f"{action} in {target.display} was refused{tenant}: {reason}"
+            f"{action} in {target.display} was refused{tenant}: {reason}{hint}"
         ) from exc
     if isinstance(exc, psycopg.errors.UndefinedTable):
         raise StoreRefusedError(
