@@ -11,6 +11,8 @@ COPY of comparable rows into the classic ``agent_execution_events`` table
 transaction per batch, measured in the same run.
 (b) end-to-end recording into PostgreSQL and into SQLite: µs per call in the agent.
 (c) list_runs by a metadata value among 1,000,000 events (10,000 runs).
+(d) the same append as (a) by a writer login of one tenant: row-level security
+on, rows staged and checked by the tenant policies.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 import psycopg
@@ -36,7 +39,7 @@ from bench_ingest import batches, record, writer_batch_size
 from harness import Config, Section, Target, rate, temp_dir
 from replayable.events.model import Event, RunStart
 from replayable.store import MemoryStore, RunFilter
-from replayable.store.postgres import PostgresStore
+from replayable.store.postgres import PostgresStore, grant_tenant, init_roles
 from replayable.store.sqlite import SQLiteStore
 
 SERVER = os.environ.get("REPLAYABLE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -116,9 +119,39 @@ def raw_copy_rate(schema: str, chunks: Sequence[Sequence[Event]]) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def append_rate(schema: str, start: RunStart, chunks: Sequence[Sequence[Event]]) -> float:
+@contextmanager
+def tenant_writer(schema: str) -> Iterator[str]:
+    """A store URL for a writer login of one tenant (row-level security applies), for ``schema``."""
+    PostgresStore(store_url(schema)).close()
+    prefix = f"bench_{secrets.token_hex(3)}"
+    login = f"{prefix}_acme"
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        roles = init_roles(conn, schema, prefix=prefix)
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                sql.Identifier(login), sql.Identifier(roles.writer)
+            )
+        )
+        grant_tenant(conn, schema, login, "acme", write=True)
+    parts = urlsplit(store_url(schema))
+    host = parts.netloc.rsplit("@", 1)[-1]
+    try:
+        yield urlunsplit(parts._replace(netloc=f"{login}@{host}"))
+    finally:
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            for name in (login, *(f"{prefix}_{r}" for r in _ROLE_SUFFIXES)):
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+_ROLE_SUFFIXES = ("writer", "auditor", "maintenance", "analyst", "admin", "steward")
+
+
+def append_rate(
+    schema: str, start: RunStart, chunks: Sequence[Sequence[Event]], url: str | None = None
+) -> float:
     """Events/s of ``PostgresStore.append`` (buffered), one batch per chunk."""
-    store = PostgresStore(store_url(schema))
+    store = PostgresStore(url or store_url(schema))
     try:
         n = sum(len(c) for c in chunks)
         gc.collect()
@@ -197,10 +230,12 @@ def run(cfg: Config) -> Section:
     chunks = batches(events, size)
 
     with schemas() as made:
-        ours, raw = [], []
+        ours, raw, tenant_rate = [], [], []
         for _ in range(repeats):
             raw.append(raw_copy_rate(fresh(made, "raw"), chunks))
             ours.append(append_rate(fresh(made, "store"), start, chunks))
+            with tenant_writer(fresh(made, "rls")) as url:
+                tenant_rate.append(append_rate("", start, chunks, url))
         pg_e2e, sqlite_e2e = [], []
         for r in range(cfg.pick(2, 1)):
             pg_store = PostgresStore(store_url(fresh(made, "e2e")))
@@ -240,6 +275,12 @@ def run(cfg: Config) -> Section:
         f"median of {repeats}; batches of {size}; buffered",
     )
     sec.row("raw COPY, classic JSONB table", rate(raw_rate), "same events, same batches")
+    rls_rate = statistics.median(tenant_rate)
+    sec.row(
+        "PostgresStore.append as a tenant's writer",
+        rate(rls_rate),
+        f"row-level security on; {rls_rate / store_rate:.2f}x the owner's append",
+    )
     sec.row("ratio store / raw COPY", f"{ratio:.2f}", "median of per-repeat ratios")
     sec.row(
         f"end-to-end into PostgreSQL, {n_e2e:,} calls",
@@ -264,6 +305,7 @@ def run(cfg: Config) -> Section:
     sec.data = {
         "store_append_events_per_s": ours,
         "raw_copy_rows_per_s": raw,
+        "tenant_writer_append_events_per_s": tenant_rate,
         "ratio": ratio,
         "e2e_events_per_s": e2e_rate,
         "capture_us_per_call_pg": pg_call_us,

@@ -39,13 +39,18 @@ from psycopg import sql
 
 from replayable.errors import ConfigurationError
 
-__all__ = ["V2_TENANCY", "grant_tenant", "list_members", "revoke_tenant"]
+__all__ = ["V2_TENANCY", "grant_tenant", "list_members", "revoke_tenant", "tenant_policy"]
 
 _READ = "(SELECT {s}.session_tenants(false))::text[]"
 _WRITE = "(SELECT {s}.session_tenants(true))::text[]"
 
 
-def _policy(table: str, column: str) -> list[str]:
+def tenant_policy(table: str, column: str) -> list[str]:
+    """Statements that put ``table`` under the tenant policy, ``column`` naming its tenant.
+
+    For tables a later migration adds (annotations, access logs): a role then
+    reads the rows of the tenants it may read and inserts into those it may write.
+    """
     return [
         f"DROP POLICY IF EXISTS tenant_isolation ON {{s}}.{table}",
         f"ALTER TABLE {{s}}.{table} ENABLE ROW LEVEL SECURITY",
@@ -83,16 +88,16 @@ V2_TENANCY: Final[list[str]] = [
                    NULLIF(pg_catalog.current_setting('replayable.tenant', true), ''), m.tenant)
     $$
     """,
-    *_policy("runs", "COALESCE(tenant, '')"),
-    *_policy("run_ends", "COALESCE(tenant, '')"),
-    *_policy("agent_execution_events", "COALESCE(tenant, '')"),
-    *_policy("blobs", "tenant"),
+    *tenant_policy("runs", "COALESCE(tenant, '')"),
+    *tenant_policy("run_ends", "COALESCE(tenant, '')"),
+    *tenant_policy("agent_execution_events", "COALESCE(tenant, '')"),
+    *tenant_policy("blobs", "tenant"),
     # A batch's digest is kept per tenant: a writer of one tenant can no longer
     # see another tenant's digests, nor plant one to have its batch skipped.
     "ALTER TABLE {s}.batches ADD COLUMN tenant TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE {s}.batches DROP CONSTRAINT batches_pkey",
     "ALTER TABLE {s}.batches ADD PRIMARY KEY (tenant, digest)",
-    *_policy("batches", "tenant"),
+    *tenant_policy("batches", "tenant"),
     """
     CREATE OR REPLACE FUNCTION {s}.refuse_change() RETURNS trigger LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS $$
