@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar, overload
 
 from replayable.capture.context import _STATE, State, install_task_factory
-from replayable.capture.runtime import WorkflowInfo, call_site
+from replayable.capture.runtime import Call, WorkflowInfo, call_site
 
 __all__ = [
     "asleep",
@@ -183,16 +183,11 @@ def tool(
                     return await f(*args, **kwargs)
                 return await st.run.acall(
                     st,
-                    kind,
-                    tool_name,
-                    f,
-                    args,
-                    kwargs,
-                    build(args, kwargs),
-                    side_effect,
-                    None,
-                    call_site(1),
-                )
+                    Call(
+                        kind, tool_name, f, args, kwargs, build(args, kwargs), side_effect, None,
+                        call_site(1),
+                    ),
+                )  # fmt: skip
 
             wrapper: Any = call_async
         else:
@@ -204,16 +199,11 @@ def tool(
                     return f(*args, **kwargs)
                 return st.run.call(
                     st,
-                    kind,
-                    tool_name,
-                    f,
-                    args,
-                    kwargs,
-                    build(args, kwargs),
-                    side_effect,
-                    None,
-                    call_site(1),
-                )
+                    Call(
+                        kind, tool_name, f, args, kwargs, build(args, kwargs), side_effect, None,
+                        call_site(1),
+                    ),
+                )  # fmt: skip
 
             wrapper = call_sync
         info = {
@@ -279,19 +269,12 @@ def llm(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
     name = _llm_name(fn)
     if inspect.iscoroutinefunction(fn):
         meta["awaitable"] = True
-        return st.run.acall(
-            st,
-            "llm",
-            name,
-            fn,
-            args,
-            kwargs,
-            request,
-            False,
-            meta,  # type: ignore[return-value]
-            call_site(1),
+        return st.run.acall(  # type: ignore[return-value]
+            st, Call("llm", name, fn, args, kwargs, request, False, meta, call_site(1))
         )
-    return st.run.call(st, "llm", name, fn, args, kwargs, request, False, meta, call_site(1))  # type: ignore[no-any-return]
+    return st.run.call(  # type: ignore[no-any-return]
+        st, Call("llm", name, fn, args, kwargs, request, False, meta, call_site(1))
+    )
 
 
 # -- clock, randomness, sleep ---------------------------------------------------
@@ -302,7 +285,7 @@ def _simple(kind: str, name: str, fn: Callable[..., Any], *args: Any) -> Any:
     if st is None or st.run is None:
         return fn(*args)
     request = {"args": list(args)} if args else {}
-    return st.run.call(st, kind, name, fn, args, {}, request, False, None, call_site(2))
+    return st.run.call(st, Call(kind, name, fn, args, {}, request, False, None, call_site(2)))
 
 
 def now() -> float:
@@ -347,16 +330,9 @@ async def asleep(seconds: float) -> None:
         return
     await st.run.acall(
         st,
-        "sleep",
-        "sleep",
-        asyncio.sleep,
-        (seconds,),
-        {},
-        {"args": [seconds]},
-        False,
-        None,
-        call_site(1),
-    )
+        Call("sleep", "sleep", asyncio.sleep, (seconds,), {}, {"args": [seconds]}, False, None,
+             call_site(1)),
+    )  # fmt: skip
 
 
 @contextmanager

@@ -61,6 +61,7 @@ from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from replayable.capture.context import active_state
+from replayable.capture.runtime import Call
 
 __all__ = ["deterministic", "install", "installed"]
 
@@ -157,7 +158,7 @@ def _caller(depth: int) -> tuple[Any, str] | None:
 
 
 def _record(st: Any, site: str, kind: str, name: str, fn: Callable[[], Any], request: Any) -> Any:
-    return st.run.call(st, kind, name, fn, (), {}, request, False, None, site)
+    return st.run.call(st, Call(kind, name, fn, (), {}, request, False, None, site))
 
 
 # -- time and datetime ---------------------------------------------------------

@@ -5,11 +5,12 @@ from __future__ import annotations
 import inspect
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from replayable.capture.context import _STATE, State
 from replayable.capture.runtime import (
+    Call,
     DeferredRequest,
     OpenCall,
     RunContext,
@@ -160,56 +161,31 @@ class RecordRun(RunContext):
 
     # -- boundaries ---------------------------------------------------------
 
-    def call(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
+    def call(self, st: State, call: Call) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
         try:
-            req = encode_request(request)
+            req = encode_request(call.request)
         except UnencodableError as exc:
-            raise self._unencodable(st, seq, key, kind, name, exc, side_effect, site) from None
-        return self.live_call(
-            st, seq, key, req, kind, name, fn, args, kwargs, side_effect, meta, site
-        )
+            raise self._unencodable(
+                st, seq, key, call.kind, call.name, exc, call.side_effect, call.site
+            ) from None
+        return self.live_call(st, seq, key, req, call)
 
-    def live_call(
-        self,
-        st: State,
-        seq: int,
-        key: str,
-        req: bytes,
-        kind: str,
-        name: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
+    def live_call(self, st: State, seq: int, key: str, req: bytes, call: Call) -> Any:
         """Run the real call for step ``seq`` and record it."""
+        kind, name, side_effect, meta, site = (
+            call.kind, call.name, call.side_effect, call.meta, call.site
+        )  # fmt: skip
         started = time.time()
         t0 = _clock()
         # Calls made inside a boundary belong to it: replay serves the boundary
         # without running it, so nested boundaries must not be recorded.
         token = _STATE.set(None)
         try:
-            result = fn(*args, **kwargs)
+            result = call.fn(*call.args, **call.kwargs)
         except BaseException as exc:
-            self._opened(st, seq, key, req, kind, name, side_effect, meta, site, started, t0).fail(
-                exc
-            )
+            self._opened(st, seq, key, req, call, started, t0).fail(exc)
             raise
         finally:
             _STATE.reset(token)
@@ -225,33 +201,24 @@ class RecordRun(RunContext):
                     side_effect, started, _clock() - t0, None,
                 )  # fmt: skip
                 return result
-        call = self._opened(st, seq, key, req, kind, name, side_effect, meta, site, started, t0)
+        opened = self._opened(st, seq, key, req, call, started, t0)
         if meta is not None and meta.get("awaitable") is None and inspect.isawaitable(result):
             # A plain function that handed back an awaitable (SDK wrappers do):
             # the call ends when the caller awaits it.
-            call.metadata["awaitable"] = True
-            return self._finish_awaitable(result, call)
-        call.finish(result)
+            opened.metadata["awaitable"] = True
+            return self._finish_awaitable(result, opened)
+        opened.finish(result)
         return result
 
     def _opened(
-        self,
-        st: State,
-        seq: int,
-        key: str,
-        req: bytes,
-        kind: str,
-        name: str,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-        started: float,
-        t0: int,
+        self, st: State, seq: int, key: str, req: bytes, call: Call, started: float, t0: int
     ) -> RecordingCall:
         """The call object of step ``seq``, whose real call began at ``started``."""
-        call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
-        call.started, call.t0 = started, t0
-        return call
+        opened = RecordingCall(
+            self, st, call.kind, call.name, req, call.side_effect, call.meta, call.site, (seq, key)
+        )
+        opened.started, opened.t0 = started, t0
+        return opened
 
     async def _finish_awaitable(self, awaitable: Awaitable[Any], call: RecordingCall) -> Any:
         token = _STATE.set(None)
@@ -265,55 +232,31 @@ class RecordRun(RunContext):
         call.finish(result)
         return result
 
-    async def acall(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
+    async def acall(self, st: State, call: Call) -> Any:
         seq = next(self._seq)
         key = st.lineage.next_key()
         try:
-            req = encode_request(request)
+            req = encode_request(call.request)
         except UnencodableError as exc:
-            raise self._unencodable(st, seq, key, kind, name, exc, side_effect, site) from None
-        return await self.alive_call(
-            st, seq, key, req, kind, name, fn, args, kwargs, side_effect, meta, site
-        )
+            raise self._unencodable(
+                st, seq, key, call.kind, call.name, exc, call.side_effect, call.site
+            ) from None
+        return await self.alive_call(st, seq, key, req, call)
 
-    async def alive_call(
-        self,
-        st: State,
-        seq: int,
-        key: str,
-        req: bytes,
-        kind: str,
-        name: str,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
+    async def alive_call(self, st: State, seq: int, key: str, req: bytes, call: Call) -> Any:
         """Await the real call for step ``seq`` and record it."""
-        call = RecordingCall(self, st, kind, name, req, side_effect, meta, site, (seq, key))
+        opened = RecordingCall(
+            self, st, call.kind, call.name, req, call.side_effect, call.meta, call.site, (seq, key)
+        )
         token = _STATE.set(None)
         try:
-            result = await fn(*args, **kwargs)
+            result = await call.fn(*call.args, **call.kwargs)
         except BaseException as exc:
-            call.fail(exc)
+            opened.fail(exc)
             raise
         finally:
             _STATE.reset(token)
-        call.finish(result)
+        opened.finish(result)
         return result
 
     def _request(self, request: Any, name: str, seq: int) -> bytes:

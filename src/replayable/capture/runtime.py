@@ -12,9 +12,11 @@ import os
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+import msgspec
 
 from replayable.capture.context import State
 from replayable.errors import SerializationError
@@ -26,6 +28,7 @@ from replayable.events.codec import (
 from replayable.events.ids import uuid7
 
 __all__ = [
+    "Call",
     "DeferredRequest",
     "OpenCall",
     "RunContext",
@@ -86,42 +89,38 @@ def serialization_error(
     )
 
 
+class Call(msgspec.Struct, frozen=True):
+    """One boundary crossing as a boundary hands it to its run.
+
+    ``fn(*args, **kwargs)`` is the real call; ``request`` is what the event
+    records and replay matches; ``side_effect`` marks a call replay must not
+    repeat; ``meta`` is the event's metadata; ``site`` is the caller's
+    ``file:line in function``.
+    """
+
+    kind: str
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    request: Any
+    side_effect: bool = False
+    meta: dict[str, Any] | None = None
+    site: str | None = None
+
+
 class RunContext(ABC):
     """One run in progress: the target of every boundary call inside it."""
 
     run_id: str
 
     @abstractmethod
-    def call(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
+    def call(self, st: State, call: Call) -> Any:
         """Cross a synchronous boundary (may return an awaitable for ``llm``)."""
 
     @abstractmethod
-    async def acall(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
-        """Cross an asynchronous boundary."""
+    async def acall(self, st: State, call: Call) -> Any:
+        """Cross an asynchronous boundary (``call.fn`` returns an awaitable)."""
 
     @abstractmethod
     def subrun(

@@ -32,6 +32,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from typing import TYPE_CHECKING, Any
 
 from replayable.capture.context import _STATE, active_state
+from replayable.capture.runtime import Call
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -138,7 +139,7 @@ class ReplayableSession:
         if self.server is not None:
             meta["mcp_server"] = self.server
         return await st.run.acall(
-            st, "tool", name, live, (), {}, request, side_effect, meta, _site()
+            st, Call("tool", name, live, (), {}, request, side_effect, meta, _site())
         )
 
     async def call_tool(

@@ -11,7 +11,7 @@ stops the replay unless the tool is named in ``allow_live``.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,7 +21,7 @@ from replayable.capture.config import settings
 from replayable.capture.context import State
 from replayable.capture.record import RecordingCall, RecordRun
 from replayable.capture.recording import Recording
-from replayable.capture.runtime import OpenCall, RunContext, WorkflowInfo
+from replayable.capture.runtime import Call, OpenCall, RunContext, WorkflowInfo
 from replayable.events.canonical import fingerprint
 from replayable.events.codec import encode_value
 from replayable.events.model import Event, Run
@@ -241,35 +241,11 @@ class LiveReplayRun(RecordRun):
         self.session.events_served += 1
         return served_value(ev)
 
-    def call(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
-        d = self._decide(st, kind, name, request, side_effect, site)
+    def call(self, st: State, call: Call) -> Any:
+        kind, name, side_effect, site = call.kind, call.name, call.side_effect, call.site
+        d = self._decide(st, kind, name, call.request, side_effect, site)
         if d.action == "live":
-            return self.live_call(
-                st,
-                d.seq,
-                d.key,
-                d.req,
-                kind,
-                name,
-                fn,
-                args,
-                kwargs,
-                side_effect,
-                {**(meta or {}), "live": True},
-                site,
-            )
+            return self.live_call(st, d.seq, d.key, d.req, _live(call))
         if d.event is not None and d.event.metadata.get("awaitable") and d.action != "override":
             try:
                 value = self._answer(st, d, kind, name, side_effect, site)
@@ -278,35 +254,11 @@ class LiveReplayRun(RecordRun):
             return _value_async(value)
         return self._answer(st, d, kind, name, side_effect, site)
 
-    async def acall(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
-        d = self._decide(st, kind, name, request, side_effect, site)
+    async def acall(self, st: State, call: Call) -> Any:
+        kind, name, side_effect, site = call.kind, call.name, call.side_effect, call.site
+        d = self._decide(st, kind, name, call.request, side_effect, site)
         if d.action == "live":
-            return await self.alive_call(
-                st,
-                d.seq,
-                d.key,
-                d.req,
-                kind,
-                name,
-                fn,
-                args,
-                kwargs,
-                side_effect,
-                {**(meta or {}), "live": True},
-                site,
-            )
+            return await self.alive_call(st, d.seq, d.key, d.req, _live(call))
         return self._answer(st, d, kind, name, side_effect, site)
 
     def begin(
@@ -492,3 +444,8 @@ class LiveSession(Served, Recording):
         self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Any:
         return await self.aexecute(self._root(wf, args, kwargs), wf, args, kwargs)
+
+
+def _live(call: Call) -> Call:
+    """The call with its event marked as run live in a replay."""
+    return msgspec.structs.replace(call, meta={**(call.meta or {}), "live": True})

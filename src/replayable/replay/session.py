@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -14,6 +14,7 @@ import orjson
 from replayable.capture.config import settings
 from replayable.capture.context import _STATE, Lineage, State, install_task_factory
 from replayable.capture.runtime import (
+    Call,
     OpenCall,
     RunContext,
     Session,
@@ -232,38 +233,14 @@ class ReplayRun(RunContext):
     ) -> OpenCall:
         return _ServedCall(self._serve(st, kind, name, request, site))
 
-    def call(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
-        ev = self._serve(st, kind, name, request, site)
+    def call(self, st: State, call: Call) -> Any:
+        ev = self._serve(st, call.kind, call.name, call.request, call.site)
         if ev.metadata.get("awaitable"):
             return _served_async(ev)
         return served_value(ev)
 
-    async def acall(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
-        return served_value(self._serve(st, kind, name, request, site))
+    async def acall(self, st: State, call: Call) -> Any:
+        return served_value(self._serve(st, call.kind, call.name, call.request, call.site))
 
     def _child(
         self, st: State, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
