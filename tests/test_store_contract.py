@@ -72,7 +72,7 @@ def make_start(
             "sha256": "ab" * 32,
             "git_commit": None,
         },
-        env_hash="cd" * 32,
+        env_hash=ENV_DIGEST,
         lineage={"replay_of": None, "note": "ünïcode"},
         started_at=started_at,
     )
@@ -80,6 +80,10 @@ def make_start(
 
 
 _STARTS: dict[str, RunStart] = {}
+
+#: The environment snapshot every test run points at (stored where a test verifies).
+ENV_SNAPSHOT = b'{"python":"3.x","packages":{}}'
+ENV_DIGEST = hashlib.sha256(ENV_SNAPSHOT).hexdigest()
 
 
 def make_events(
@@ -186,6 +190,7 @@ class StoreContract:
     def store(self) -> EventStore:
         store = self.create_store()
         self._opened.append(store)
+        store.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
         return store
 
     @pytest.fixture
@@ -299,7 +304,9 @@ class StoreContract:
         )
         assert verify_run(store, done).ok
         assert verify_run(store, done).events_checked == 7
-        assert verify_run(store, cut).ok
+        # A run without an end record holds its chain, and is named as not sealed.
+        cut_report = verify_run(store, cut)
+        assert (cut_report.status, cut_report.events_checked) == ("unsealed", 3)
 
     # -- status -----------------------------------------------------------------
 
@@ -563,7 +570,10 @@ class StoreContract:
     def _assert_untouched(self, store: EventStore, rid: str, events: list[Event]) -> None:
         assert store.events(rid) == events
         assert store.get_run(rid).start == make_start(rid, metadata={"team": "a"})
-        assert verify_run(store, rid).ok
+        report = verify_run(store, rid)
+        sealed = store.get_run(rid).end is not None
+        status = "intact" if sealed else "unsealed"
+        assert (report.status, report.events_checked) == (status, len(events)), report.message
 
     def test_duplicate_event_refuses_whole_batch(
         self, store: EventStore, recorded: tuple[str, list[Event]]
@@ -714,6 +724,7 @@ def _filled(path: Path) -> tuple[SQLiteStore, str, list[Event]]:
     events = make_events(rid, 3)
     store.append([make_start(rid, metadata={"team": "a"})], events, [make_end(rid, events)])
     store.put_blob("ab" * 32, b"blob")
+    store.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
     return store, rid, events
 
 
@@ -785,11 +796,11 @@ class TestSQLiteSpecifics:
         with raw(sqlite_path) as conn:
             conn.executescript(
                 "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-                "INSERT INTO meta VALUES ('schema_version', '2');"
+                "INSERT INTO meta VALUES ('schema_version', '99');"
                 "CREATE TABLE events (run_id TEXT, position INTEGER, payload BLOB);"
             )
             before = conn.execute("SELECT name FROM sqlite_master ORDER BY name").fetchall()
-        with pytest.raises(SchemaVersionError, match="schema version 2"):
+        with pytest.raises(SchemaVersionError, match="schema version 99"):
             SQLiteStore(sqlite_path)
         with raw(sqlite_path) as conn:
             after = conn.execute("SELECT name FROM sqlite_master ORDER BY name").fetchall()

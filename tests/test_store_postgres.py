@@ -30,7 +30,15 @@ from replayable.store.postgres import (
 )
 from replayable.store.search import EventQuery, Predicate
 from tests.pg_helpers import PgServer, pg
-from tests.test_store_contract import StoreContract, make_end, make_events, make_start, new_id
+from tests.test_store_contract import (
+    ENV_DIGEST,
+    ENV_SNAPSHOT,
+    StoreContract,
+    make_end,
+    make_events,
+    make_start,
+    new_id,
+)
 
 __all__ = ["pg"]
 
@@ -87,6 +95,7 @@ def _recorded(
     rid = new_id(n)
     events = make_events(rid, 3)
     start = make_start(rid, tenant=tenant, metadata=metadata or {"team": "a"})
+    store.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
     store.append([start], events, [make_end(rid, events, start=start)])
     return rid, events
 
@@ -233,6 +242,7 @@ def test_json_text_kept_exactly_and_chain_verifies(owner: PostgresStore) -> None
         hash="",
     )
     event = msgspec.structs.replace(draft, hash=event_hash(draft))
+    owner.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
     owner.append([make_start(rid)], [event], [make_end(rid, [event])])
     (stored,) = owner.events(rid)
     assert msgspec.structs.asdict(stored) == msgspec.structs.asdict(event)

@@ -23,8 +23,11 @@ from replayable.cli.audit import (
 from replayable.cli.jsonview import event_to_dict, run_to_dict
 from replayable.cli.render import runs_rows, runs_table, timeline
 from replayable.cli.runtree import root_run, run_header, run_tree, tree_to_dict
+from replayable.errors import ConfigurationError, RunNotFoundError
 from replayable.events.model import Run
-from replayable.store import ChainReport, EventStore, RunFilter, verify_run
+from replayable.store import ChainReport, EventStore, RunFilter, StoreReport, verify_run
+from replayable.store.integrity import Integrity
+from replayable.store.verify import verify_store
 
 __all__ = ["runs", "show", "verify"]
 
@@ -146,53 +149,104 @@ def show(
 
 def _report_line(report: ChainReport) -> Text:
     mark, style = ("✓", "green") if report.ok else ("✗", "red")
-    return Text.assemble((mark, style), " ", (report.message, "" if report.ok else "red"))
+    label = "" if report.ok or report.status == "altered" else f"[{report.status}] "
+    return Text.assemble(
+        (mark, style), " ", (label, "bold red"), (report.message, "" if report.ok else "red")
+    )
+
+
+def _report_json(r: ChainReport) -> dict[str, object]:
+    return {
+        "run_id": r.run_id,
+        "status": r.status,
+        "ok": r.ok,
+        "events_checked": r.events_checked,
+        "first_bad_seq": r.first_bad_seq,
+        "reason": r.reason or None,
+        "keyed": r.keyed,
+        "key_id": r.key_id,
+        "anchored": r.anchored,
+        "gaps": [list(g) for g in r.gaps],
+        "notes": list(r.notes),
+    }
+
+
+def _verify_one(store: EventStore, run: str, integrity: Integrity, allow: bool) -> ChainReport:
+    try:
+        run_id = store.resolve(run)
+    except RunNotFoundError:
+        # A run whose record is gone can still be named in full: the anchor or its
+        # orphaned events say what became of it.
+        run_id = run.strip().lower()
+        try:
+            return verify_run(store, run_id, integrity=integrity, allow_unkeyed=allow)
+        except RunNotFoundError:
+            raise fail(f"no run matches {run!r} in {store.url}") from None
+    return verify_run(store, run_id, integrity=integrity, allow_unkeyed=allow)
 
 
 def verify(
     ctx: typer.Context,
     run: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
     all_runs: Annotated[bool, typer.Option("--all", help="Verify every run in the store.")] = False,
+    allow_unkeyed: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unkeyed", help="Accept runs recorded without a chain key while one is set."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON results.")] = False,
 ) -> None:
-    """Recompute hash chains; exit 1 if any is broken, naming the first bad event."""
+    """Check runs against their chains, seals and the anchor; exit 1 unless every run is intact.
+
+    Each run is intact, altered (naming the first bad record), truncated (the
+    anchor saw more), missing (anchored, absent), orphaned (events without a
+    run record), unkeyed, gapped (seq numbers missing) or unsealed (no end
+    record and no anchor seal). Keys and anchor: REPLAYABLE_CHAIN_KEY,
+    REPLAYABLE_KEYRING, REPLAYABLE_ANCHOR.
+    """
     if run is None and not all_runs:
         raise fail("name a run to verify, or pass --all")
     if run is not None and all_runs:
         raise fail("pass a run or --all, not both")
     store = state(ctx).store()
     console = stdout()
+    try:
+        integrity = Integrity.from_env()
+    except ConfigurationError as exc:
+        raise fail(str(exc)) from None
     if run is not None:
-        reports = [verify_run(store, store.resolve(run))]
+        report = StoreReport([_verify_one(store, run, integrity, allow_unkeyed)])
     else:
-        run_ids = list(store.iter_run_ids())
-        reports = []
         with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
-            task = bar.add_task("verifying", total=len(run_ids))
-            for run_id in run_ids:
-                reports.append(verify_run(store, run_id))
-                bar.advance(task)
+            task = bar.add_task("verifying", total=None)
+
+            def progress(total: int) -> None:
+                if total:
+                    bar.update(task, total=total)
+                else:
+                    bar.advance(task)
+
+            report = verify_store(
+                store, integrity=integrity, allow_unkeyed=allow_unkeyed, progress=progress
+            )
+    reports = report.runs
     broken = [r for r in reports if not r.ok]
     if as_json:
-        _print_json(
-            [
-                {
-                    "run_id": r.run_id,
-                    "ok": r.ok,
-                    "events_checked": r.events_checked,
-                    "first_bad_seq": r.first_bad_seq,
-                    "reason": r.reason or None,
-                }
-                for r in reports
-            ]
-        )
+        _print_json([_report_json(r) for r in reports])
     else:
         # A long --all listing shows only the broken runs and a total.
         shown = reports if len(reports) <= 50 else broken
-        for report in shown:
-            console.print(_report_line(report))
+        for line in shown:
+            console.print(_report_line(line))
+        for problem in report.problems:
+            console.print(Text.assemble(("✗ ", "red"), (problem, "red")))
         if all_runs:
-            style = "red" if broken else "green"
-            console.print(f"{len(reports)} runs checked, {len(broken)} broken", style=style)
-    if broken:
+            style = "red" if broken or report.problems else "green"
+            counts = ", ".join(f"{n} {s}" for s, n in report.counts().items())
+            console.print(
+                f"{len(reports)} runs checked, {len(broken)} broken ({counts or 'none'})",
+                style=style,
+            )
+    if broken or report.problems:
         raise typer.Exit(1)

@@ -76,6 +76,10 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     prev_hash: str
     hash: str
     schema_version: int = SCHEMA_VERSION
+    #: What a reader found wrong with the stored row (column and problem), empty when
+    #: the row is sound. A record with problems holds placeholders for what it could
+    #: not read: readers show it as unreadable, replay stops at it, verify fails it.
+    problems: tuple[str, ...] = ()
 
     def request_value(self) -> Any:
         """The request as a JSON tree (redacted, as stored)."""
@@ -107,6 +111,9 @@ class RunStart(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     lineage: dict[str, Any]
     started_at: float
     schema_version: int = SCHEMA_VERSION
+    #: The chain format (see :mod:`replayable.events.chain`): ``None`` for the unkeyed
+    #: v1 chain, ``"2:<key id>:<start mac>"`` for a keyed one. Set by the writer.
+    chain: str | None = None
 
 
 class RunEnd(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -124,6 +131,8 @@ class RunEnd(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     event_count: int
     last_hash: str
     schema_version: int = SCHEMA_VERSION
+    #: Ed25519 signature (hex) of the seal, for a keyed chain; ``None`` for v1.
+    signature: str | None = None
 
 
 class Run(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,6 +140,8 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
 
     start: RunStart
     end: RunEnd | None = None
+    #: What a reader found wrong with the stored run or end row (see ``Event.problems``).
+    problems: tuple[str, ...] = ()
 
     @property
     def run_id(self) -> str:

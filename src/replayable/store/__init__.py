@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 from replayable.errors import ConfigurationError, StoreError
 from replayable.store.base import EventStore, RunFilter
 from replayable.store.memory import MemoryStore
-from replayable.store.verify import ChainReport, verify_run
+from replayable.store.verify import ChainReport, StoreReport, verify_run, verify_store
 
 __all__ = [
     "DEFAULT_STORE_URL",
@@ -20,9 +20,11 @@ __all__ = [
     "EventStore",
     "MemoryStore",
     "RunFilter",
+    "StoreReport",
     "open_store",
     "postgres_store_class",
     "verify_run",
+    "verify_store",
 ]
 
 DEFAULT_STORE_URL = "sqlite:///./.replayable/runs.db"

@@ -200,6 +200,38 @@ class EventStore(AuditStore, ABC):
         """
         return search_in_python(self, query)
 
+    # -- what verify needs beyond the records ----------------------------------------
+
+    def store_id(self) -> str:
+        """A random id the store was given when created: anchor entries name their store by it.
+
+        Backends that persist keep it in the database; this default lasts as long
+        as the object (right for a store that lives only in memory).
+        """
+        found: str | None = self.__dict__.get("_store_id")
+        if found is None:
+            import uuid
+
+            found = self.__dict__["_store_id"] = str(uuid.uuid4())
+        return found
+
+    def row_tenant(self, start: RunStart) -> str | None:
+        """The tenant a run's rows are stored under (anchor entries carry it)."""
+        return start.tenant
+
+    def sees_tenant(self, tenant: str | None) -> bool:
+        """Whether this store can read rows stored under ``tenant``."""
+        return True
+
+    def tag_problem(self, run: Run) -> str | None:
+        """What is wrong with the run's stored tags (the index ``--meta`` filters use),
+        or ``None`` when they are exactly what its metadata makes. Default: none kept."""
+        return None
+
+    def event_run_ids(self) -> set[str]:
+        """Every run id that has events stored (a run row may be missing for some)."""
+        return {e.run_id for run_id in self.iter_run_ids() for e in self.events(run_id)}
+
     def close(self) -> None:
         """Flush pending writes and release connections; the store is unusable afterwards."""
         self.run_close_hooks()

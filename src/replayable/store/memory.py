@@ -106,6 +106,10 @@ class MemoryStore(MemoryAudit, EventStore):
         with self._lock:
             return self._events.get(run_id, {}).get(seq)
 
+    def event_run_ids(self) -> set[str]:
+        with self._lock:
+            return {r for r, events in self._events.items() if events}
+
     def iter_run_ids(self) -> Iterator[str]:
         with self._lock:
             ids = sorted(self._starts, key=lambda r: (self._starts[r].started_at, r))

@@ -1,75 +1,228 @@
-"""Rows to records: the column order the SQL stores select, decoded once for all of them."""
+"""Rows to records: the column order the SQL stores select, decoded once for all of them.
+
+A row is stored data, and a hostile or damaged one must not stop a reader:
+every column is checked for the type it must have (and JSON columns parsed).
+A column that fails is replaced by a placeholder and named in the record's
+``problems`` (``"metadata: not valid JSON (…)"``), so ``runs`` can flag the
+run, ``show`` print the row as unreadable, ``replay`` stop at that step and
+``verify`` count it as broken, each naming run, seq, column and what is wrong.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 import orjson
 
-from replayable.events.model import Event, Run, RunEnd, RunStart
+from replayable.events.model import SCHEMA_VERSION, Event, Run, RunEnd, RunStart
 
-__all__ = ["event_from_row", "event_to_row", "run_from_row"]
+__all__ = [
+    "END_COLUMNS",
+    "EVENT_COLUMNS",
+    "RUN_COLUMNS",
+    "event_from_row",
+    "event_to_row",
+    "run_from_row",
+]
+
+
+class _Bad(Exception):
+    """A column value that is not what the column holds."""
+
+
+def _type_name(v: object) -> str:
+    return "NULL" if v is None else type(v).__name__
+
+
+def _text(v: Any) -> str:
+    if type(v) is not str:
+        raise _Bad(f"is {_type_name(v)}, not text")
+    return v
+
+
+def _opt_text(v: Any) -> str | None:
+    return None if v is None else _text(v)
+
+
+def _int(v: Any) -> int:
+    if type(v) is not int:
+        raise _Bad(f"is {_type_name(v)} {_show(v)}, not an integer")
+    return v
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else _int(v)
+
+
+def _number(v: Any) -> float:
+    if type(v) is float:
+        return v
+    if type(v) is int:
+        return float(v)
+    raise _Bad(f"is {_type_name(v)} {_show(v)}, not a number")
+
+
+def _bool(v: Any) -> bool:
+    if v is True or v is False:
+        return v
+    if type(v) is int and v in (0, 1):
+        return bool(v)
+    raise _Bad(f"is {_type_name(v)} {_show(v)}, not a boolean")
+
+
+def _json_text(v: Any) -> str:
+    text = _text(v)
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise _Bad(f"is not valid JSON ({exc})") from None
+    return text
+
+
+def _opt_json_text(v: Any) -> str | None:
+    return None if v is None else _json_text(v)
+
+
+def _json_object(v: Any) -> dict[str, Any]:
+    try:
+        value = orjson.loads(_text(v))
+    except orjson.JSONDecodeError as exc:
+        raise _Bad(f"is not valid JSON ({exc})") from None
+    if type(value) is not dict:
+        raise _Bad(f"is JSON {_type_name(value)}, not an object")
+    return value
+
+
+def _version(v: Any) -> int:
+    n = _int(v)
+    if not 1 <= n <= SCHEMA_VERSION:
+        raise _Bad(f"{n} is not a record version this replayable reads (1 to {SCHEMA_VERSION})")
+    return n
+
+
+def _status(v: Any) -> str:
+    if v not in ("completed", "failed"):
+        raise _Bad(f"{_show(v)} is not completed or failed")
+    return str(v)
+
+
+def _encoding(v: Any) -> str:
+    if v not in ("json", "tagged"):
+        raise _Bad(f"{_show(v)} is not json or tagged")
+    return str(v)
+
+
+def _show(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_Check = Callable[[Any], Any]
+
+# (field, check, placeholder when unreadable; a type stands for a fresh value of it)
+RUN_COLUMNS: Final[tuple[tuple[str, _Check, Any], ...]] = (
+    ("run_id", _text, ""),
+    ("workflow", _text, "?"),
+    ("entrypoint", _text, "?"),
+    ("parent_run_id", _opt_text, None),
+    ("parent_seq", _opt_int, None),
+    ("root_run_id", _text, ""),
+    ("tenant", _opt_text, None),
+    ("input", _json_text, "null"),
+    ("metadata", _json_object, dict),
+    ("code", _json_object, dict),
+    ("env_hash", _opt_text, None),
+    ("lineage", _json_object, dict),
+    ("started_at", _number, 0.0),
+    ("schema_version", _version, SCHEMA_VERSION),
+    ("chain", _opt_text, None),
+)
+END_COLUMNS: Final[tuple[tuple[str, _Check, Any], ...]] = (
+    ("run_id", _text, ""),
+    ("status", _status, "failed"),
+    ("output", _opt_json_text, None),
+    ("error", _opt_json_text, None),
+    ("ended_at", _number, 0.0),
+    ("event_count", _int, -1),
+    ("last_hash", _text, ""),
+    ("schema_version", _version, SCHEMA_VERSION),
+    ("signature", _opt_text, None),
+)
+EVENT_COLUMNS: Final[tuple[tuple[str, _Check, Any], ...]] = (
+    ("run_id", _text, ""),
+    ("seq", _int, -1),
+    ("kind", _text, "?"),
+    ("name", _text, "?"),
+    ("key", _opt_text, None),
+    ("parent", _opt_int, None),
+    ("call_site", _opt_text, None),
+    ("request", _json_text, "null"),
+    ("fingerprint", _text, ""),
+    ("response", _opt_json_text, None),
+    ("encoding", _encoding, "json"),
+    ("error", _opt_json_text, None),
+    ("side_effect", _bool, False),
+    ("started_at", _number, 0.0),
+    ("duration_ns", _int, 0),
+    ("metadata", _json_object, dict),
+    ("chain_index", _int, -1),
+    ("prev_hash", _text, ""),
+    ("hash", _text, ""),
+    ("schema_version", _version, SCHEMA_VERSION),
+)
+
+
+def _decode(
+    columns: tuple[tuple[str, _Check, Any], ...], row: Sequence[Any], offset: int = 0
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for i, (name, check, placeholder) in enumerate(columns):
+        try:
+            value = row[offset + i]
+        except IndexError:
+            problems.append(f"{name}: column is missing")
+            values[name] = placeholder() if placeholder is dict else placeholder
+            continue
+        try:
+            values[name] = check(value)
+        except _Bad as exc:
+            problems.append(f"{name}: {exc}")
+            values[name] = placeholder() if placeholder is dict else placeholder
+    for name in ("started_at", "ended_at"):
+        t = values.get(name)
+        if isinstance(t, float) and not math.isfinite(t):
+            problems.append(f"{name}: {t} is not a finite time")
+            values[name] = 0.0
+    return values, tuple(problems)
 
 
 def run_from_row(row: Sequence[Any]) -> Run:
     """A :class:`Run` from a row of the run columns followed by the end-record columns
-    (``None`` there for a run without an end record)."""
-    start = RunStart(
-        run_id=row[0],
-        workflow=row[1],
-        entrypoint=row[2],
-        parent_run_id=row[3],
-        parent_seq=row[4],
-        root_run_id=row[5],
-        tenant=row[6],
-        input=row[7],
-        metadata=orjson.loads(row[8]),
-        code=orjson.loads(row[9]),
-        env_hash=row[10],
-        lineage=orjson.loads(row[11]),
-        started_at=row[12],
-        schema_version=row[13],
-    )
+    (``None`` there for a run without an end record); bad columns land in ``problems``."""
+    values, problems = _decode(RUN_COLUMNS, row)
+    start = RunStart(**values)
     end = None
-    if row[14] is not None:
-        end = RunEnd(
-            run_id=row[14],
-            status=row[15],
-            output=row[16],
-            error=row[17],
-            ended_at=row[18],
-            event_count=row[19],
-            last_hash=row[20],
-            schema_version=row[21],
-        )
-    return Run(start=start, end=end)
+    width = len(RUN_COLUMNS)
+    if len(row) > width and row[width] is not None:
+        end_values, end_problems = _decode(END_COLUMNS, row, width)
+        end_values["run_id"] = start.run_id or end_values["run_id"]
+        end = RunEnd(**end_values)
+        problems += tuple(f"end record {p}" for p in end_problems)
+    return Run(start=start, end=end, problems=problems)
 
 
 def event_from_row(r: Sequence[Any]) -> Event:
-    """An :class:`Event` from a row of the event columns in field order."""
-    return Event(
-        run_id=r[0],
-        seq=r[1],
-        kind=r[2],
-        name=r[3],
-        key=r[4],
-        parent=r[5],
-        call_site=r[6],
-        request=r[7],
-        fingerprint=r[8],
-        response=r[9],
-        encoding=r[10],
-        error=r[11],
-        side_effect=bool(r[12]),
-        started_at=r[13],
-        duration_ns=r[14],
-        metadata=orjson.loads(r[15]),
-        chain_index=r[16],
-        prev_hash=r[17],
-        hash=r[18],
-        schema_version=r[19],
-    )
+    """An :class:`Event` from a row of the event columns in field order; bad columns land
+    in ``problems`` (a seq that cannot be read becomes ``chain_index + 1``, or -1)."""
+    values, problems = _decode(EVENT_COLUMNS, r)
+    if problems:
+        if values["seq"] == -1 and values["chain_index"] >= 0:
+            values["seq"] = values["chain_index"] + 1
+        return Event(**values, problems=problems)
+    return Event(**values)
 
 
 def event_to_row(e: Event) -> tuple[Any, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
@@ -27,7 +28,8 @@ from replayable.store.rows import event_from_row, event_to_row, run_from_row
 
 __all__ = ["SQLiteStore"]
 
-_DB_VERSION = 1
+#: 2 added ``runs.chain`` and ``run_ends.signature`` (keyed chains) and a store id.
+_DB_VERSION = 2
 
 _SCHEMA = (
     """
@@ -36,7 +38,8 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, workflow TEXT NOT NULL, entrypoint TEXT NOT NULL,
     parent_run_id TEXT, parent_seq INTEGER, root_run_id TEXT NOT NULL, tenant TEXT,
     input TEXT NOT NULL, metadata TEXT NOT NULL, code TEXT NOT NULL, env_hash TEXT,
-    lineage TEXT NOT NULL, started_at REAL NOT NULL, schema_version INTEGER NOT NULL
+    lineage TEXT NOT NULL, started_at REAL NOT NULL, schema_version INTEGER NOT NULL,
+    chain TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_workflow ON runs (workflow, started_at);
 CREATE INDEX IF NOT EXISTS runs_started ON runs (started_at);
@@ -44,7 +47,7 @@ CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_run_id);
 CREATE TABLE IF NOT EXISTS run_ends (
     run_id TEXT PRIMARY KEY, status TEXT NOT NULL, output TEXT, error TEXT,
     ended_at REAL NOT NULL, event_count INTEGER NOT NULL, last_hash TEXT NOT NULL,
-    schema_version INTEGER NOT NULL
+    schema_version INTEGER NOT NULL, signature TEXT
 );
 CREATE TABLE IF NOT EXISTS run_tags (
     key TEXT NOT NULL, value TEXT, run_id TEXT NOT NULL, PRIMARY KEY (key, value, run_id)
@@ -85,9 +88,17 @@ _EVENT_COLS = (
 )
 _RUN_COLS = (
     "run_id, workflow, entrypoint, parent_run_id, parent_seq, root_run_id, tenant, "
-    "input, metadata, code, env_hash, lineage, started_at, schema_version"
+    "input, metadata, code, env_hash, lineage, started_at, schema_version, chain"
 )
-_END_COLS = "run_id, status, output, error, ended_at, event_count, last_hash, schema_version"
+_END_COLS = (
+    "run_id, status, output, error, ended_at, event_count, last_hash, schema_version, signature"
+)
+
+# Version 1 to 2: columns for the keyed chain (NULL in old rows: the v1 chain).
+_UPGRADE_V2 = (
+    "ALTER TABLE runs ADD COLUMN chain TEXT",
+    "ALTER TABLE run_ends ADD COLUMN signature TEXT",
+)
 
 
 # run_tags is WITHOUT ROWID, so its key columns cannot hold NULL: a null metadata
@@ -105,6 +116,18 @@ def _parse_version(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+def _tag_difference(stored: set[Any], wanted: set[Any]) -> str | None:
+    extra, lacking = sorted(stored - wanted, key=repr), sorted(wanted - stored, key=repr)
+    if not (extra or lacking):
+        return None
+    parts = []
+    if extra:
+        parts.append(f"{len(extra)} tag(s) not in its metadata ({extra[0]!r}...)")
+    if lacking:
+        parts.append(f"{len(lacking)} of its metadata tag(s) missing ({lacking[0]!r}...)")
+    return "the tag index does not match the run's metadata: " + "; ".join(parts)
 
 
 _ROWS_PER_STATEMENT = 500
@@ -229,11 +252,19 @@ class SQLiteStore(SQLiteAudit, EventStore):
                             f"{self.url} has schema version {row[0]}; this replayable reads "
                             f"up to {_DB_VERSION}. Upgrade replayable."
                         )
+                version = None if row is None else _parse_version(row[0])
+                if version == 1:
+                    for stmt in _UPGRADE_V2:
+                        c.execute(stmt)
                 for stmt in (_SCHEMA + _triggers()).split(";\n"):
                     if stmt.strip():
                         c.execute(stmt)
-                if row is None:
-                    c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(_DB_VERSION),))
+                c.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(_DB_VERSION),)
+                )
+                c.execute("INSERT OR IGNORE INTO meta VALUES ('store_id', ?)", (str(uuid.uuid4()),))
+                found = c.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+                self._id = str(found[0])
                 c.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
             raise store_error(
@@ -266,6 +297,7 @@ class SQLiteStore(SQLiteAudit, EventStore):
                 _dumps(s.lineage),
                 s.started_at,
                 s.schema_version,
+                s.chain,
             )
             for s in starts
         ]
@@ -286,6 +318,7 @@ class SQLiteStore(SQLiteAudit, EventStore):
                 r.event_count,
                 r.last_hash,
                 r.schema_version,
+                r.signature,
             )
             for r in ends
         ]
@@ -294,10 +327,10 @@ class SQLiteStore(SQLiteAudit, EventStore):
             try:
                 c.execute("PRAGMA synchronous=FULL" if durable else "PRAGMA synchronous=NORMAL")
                 c.execute("BEGIN IMMEDIATE")
-                _insert(c, f"INSERT INTO runs ({_RUN_COLS})", 14, run_rows)
+                _insert(c, f"INSERT INTO runs ({_RUN_COLS})", 15, run_rows)
                 _insert(c, "INSERT OR IGNORE INTO run_tags (key, value, run_id)", 3, tag_rows)
                 _insert(c, f"INSERT INTO events ({_EVENT_COLS})", 20, event_rows)
-                _insert(c, f"INSERT INTO run_ends ({_END_COLS})", 8, end_rows)
+                _insert(c, f"INSERT INTO run_ends ({_END_COLS})", 9, end_rows)
                 c.execute("COMMIT")
             except sqlite3.Error as exc:
                 if c.in_transaction:
@@ -390,7 +423,23 @@ class SQLiteStore(SQLiteAudit, EventStore):
 
     def iter_run_ids(self) -> Iterator[str]:
         rows = self._query("SELECT run_id FROM runs ORDER BY started_at, run_id")
-        return iter([r[0] for r in rows])
+        return iter([str(r[0]) for r in rows])
+
+    def store_id(self) -> str:
+        return self._id
+
+    def event_run_ids(self) -> set[str]:
+        return {str(r[0]) for r in self._query("SELECT DISTINCT run_id FROM events")}
+
+    def tag_problem(self, run: Run) -> str | None:
+        stored = {
+            (r[0], r[1])
+            for r in self._query("SELECT key, value FROM run_tags WHERE run_id = ?", (run.run_id,))
+        }
+        wanted = {
+            (k, _tag(v)) for k, v in run.start.metadata.items() if not isinstance(v, (dict, list))
+        }
+        return _tag_difference(stored, wanted)
 
     def close(self) -> None:
         self.run_close_hooks()

@@ -32,6 +32,7 @@ from replayable.errors import StoreError
 from replayable.events.redaction import Redactor
 from replayable.store import open_store
 from replayable.store.base import EventStore
+from replayable.store.integrity import Integrity
 
 
 class _LazyStore:
@@ -88,6 +89,7 @@ def _open(config: dict[str, Any]) -> tuple[Writer, _LazyStore]:
         max_block_s=config["max_block_s"],
         on_store_failure=config["on_store_failure"],
         spool_dir=config["spool_dir"],
+        integrity=Integrity.from_env(config.get("integrity_env") or {}),
     )
     return writer, store
 

@@ -48,6 +48,7 @@ from replayable.capture.writer.spool import SpoolBatch
 from replayable.errors import ConfigurationError, StoreError
 from replayable.events.model import RunStart
 from replayable.events.redaction import Redactor
+from replayable.store.integrity import Integrity
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,9 +83,11 @@ class Writer:
         max_block_s: float = 5.0,
         on_store_failure: OnStoreFailure = "spool",
         spool_dir: str | os.PathLike[str] | None = None,
+        integrity: Integrity | None = None,
     ) -> None:
         self.store = store
-        self._linker = Linker(store, redactor or Redactor())
+        # Chain keys and anchor: the environment's unless given (see store.integrity).
+        self._linker = Linker(store, redactor or Redactor(), integrity)
         self.batch_size = batch_size
         self.interval = interval
         self.durable_timeout = durable_timeout

@@ -4,10 +4,17 @@ The writer thread owns one :class:`Linker` per store. It keeps each open run's
 chain head and count, and the start record its end record is sealed with.
 Chains advance only when a batch is committed (``commit``), so a batch built
 again after a failure links the same way.
+
+With a chain key configured (:class:`~replayable.store.integrity.Integrity`)
+links and seals are HMAC-SHA256 and each seal is signed with Ed25519; with an
+anchor, each batch's starts, chain heads and seals are published to it. All of
+it happens here, on the writer's side: the agent's hot path does no crypto.
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -15,19 +22,35 @@ import msgspec
 import orjson
 
 from replayable.capture.writer.deferred import expand
-from replayable.events.canonical import (
-    canonical,
-    chain_hash,
-    fingerprint,
-    genesis_hash,
-    run_seal,
+from replayable.errors import ConfigurationError, RunNotFoundError
+from replayable.events.canonical import canonical, fingerprint
+from replayable.events.chain import (
+    ChainFormatError,
+    ChainKey,
+    chain_label,
+    genesis,
+    link,
+    parse_chain,
+    seal_for,
+    seal_message,
 )
 from replayable.events.codec import encode_request
 from replayable.events.model import SCHEMA_VERSION, Event, RunEnd, RunStart
 from replayable.events.redaction import Redactor
+from replayable.store.integrity import Integrity, anchor_entry, start_anchor_fields
 
 if TYPE_CHECKING:
     from replayable.store.base import EventStore
+
+log = logging.getLogger("replayable")
+
+
+def _warn(message: str) -> None:
+    # On the writer thread: a warnings filter set to "error" must not stop it.
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    except Exception:
+        log.warning(message)
 
 
 __all__ = ["Chain", "Linker", "PendingEvent"]
@@ -57,44 +80,131 @@ PendingEvent = tuple[
 
 
 class Chain:
-    __slots__ = ("count", "head")
+    __slots__ = ("count", "head", "key")
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, key: ChainKey | None) -> None:
+        self.key = key
         self.count = 0
-        self.head = genesis_hash(run_id)
+        self.head = genesis(key, run_id)
+
+
+#: Anchor entries waiting for an anchor that failed are kept, up to this many.
+_MAX_ANCHOR_BACKLOG = 100_000
 
 
 class Linker:
     """Builds events, start and end records for one store's writer."""
 
-    def __init__(self, store: EventStore, redactor: Redactor) -> None:
+    def __init__(
+        self, store: EventStore, redactor: Redactor, integrity: Integrity | None = None
+    ) -> None:
         self.store = store
         self.redactor = redactor
+        self.integrity = integrity if integrity is not None else Integrity.from_env()
         self.chains: dict[str, Chain] = {}
         self.starts: dict[str, RunStart] = {}
+        self._anchoring: dict[tuple[str, str], dict[str, Any]] = {}
+        self._anchor_backlog: list[dict[str, Any]] = []
+        self._anchor_failed = False
+        self._store_id: str | None = None
 
     def commit(self, chains: dict[str, Chain], ended: Iterable[str]) -> None:
         """Adopt the chain heads of a committed batch; forget runs that ended."""
         self.chains.update(chains)
+        if self.integrity.anchor is not None:
+            self._anchor(chains)
         for run_id in ended:
             self.chains.pop(run_id, None)
             self.starts.pop(run_id, None)
+
+    def _key_of(self, start: RunStart | None) -> ChainKey | None:
+        """The key a run is chained with: the one its start record names."""
+        if start is None:
+            return self.integrity.current_key()
+        try:
+            fmt = parse_chain(start.chain)
+        except ChainFormatError:
+            return None
+        if fmt.key_id is None:
+            return None
+        key = self.integrity.key(fmt.key_id)
+        if key is None:
+            # The run was started under a key this writer does not hold: its events
+            # cannot be linked so that they verify, and saying so beats a silent break.
+            raise ConfigurationError(
+                f"run {start.run_id} is chained with key {fmt.key_id!r}, which is not "
+                "configured for this writer"
+            )
+        return key
 
     def chain(self, run_id: str, chains: dict[str, Chain]) -> Chain:
         chain = chains.get(run_id)
         if chain is None:
             committed = self.chains.get(run_id)
-            chain = Chain(run_id)
             if committed is not None:
-                chain.count, chain.head = committed.count, committed.head
-            elif run_id not in self.starts:
+                chain = Chain.__new__(Chain)
+                chain.key, chain.count, chain.head = committed.key, committed.count, committed.head
+            elif run_id in self.starts:
+                chain = Chain(run_id, self._key_of(self.starts[run_id]))
+            else:
                 # A run this writer did not start: another writer (the writer process,
                 # before this one took over from it) linked its first events.
+                try:
+                    start: RunStart | None = self.store.get_run(run_id).start
+                except RunNotFoundError:
+                    start = None
+                chain = Chain(run_id, self._key_of(start))
                 stored = self.store.events(run_id)
                 if stored:
                     chain.count, chain.head = stored[-1].chain_index + 1, stored[-1].hash
             chains[run_id] = chain
         return chain
+
+    # -- anchoring ---------------------------------------------------------------------
+
+    def _queue_anchor(
+        self, kind: str, run_id: str, key: ChainKey | None, start: RunStart | None, **fields: Any
+    ) -> None:
+        if self.integrity.anchor is None:
+            return
+        if self._store_id is None:
+            self._store_id = self.store.store_id()
+        tenant = self.store.row_tenant(start) if start is not None else None
+        self._anchoring[(kind, run_id)] = anchor_entry(
+            key, kind, self._store_id, tenant, run_id, **fields
+        )
+
+    def _anchor(self, chains: dict[str, Chain]) -> None:
+        anchor = self.integrity.anchor
+        assert anchor is not None
+        for run_id, chain in chains.items():
+            if chain.count:
+                self._queue_anchor(
+                    "head",
+                    run_id,
+                    chain.key,
+                    self.starts.get(run_id),
+                    count=chain.count,
+                    head=chain.head,
+                )
+        entries = [*self._anchor_backlog, *self._anchoring.values()]
+        self._anchoring.clear()
+        if not entries:
+            return
+        # Starts first: a reader never meets a seal for a run it has not seen begin.
+        order = {"start": 0, "head": 1, "seal": 2}
+        entries.sort(key=lambda e: order.get(e["type"], 3))
+        try:
+            anchor.publish(entries)
+        except Exception as exc:
+            # The store write goes on; the entries wait for the anchor to come back.
+            self._anchor_backlog = entries[-_MAX_ANCHOR_BACKLOG:]
+            if not self._anchor_failed:
+                self._anchor_failed = True
+                _warn(f"replayable: cannot publish to anchor {anchor.url}: {exc}")
+            return
+        self._anchor_backlog = []
+        self._anchor_failed = False
 
     def event(self, p: PendingEvent, chains: dict[str, Chain]) -> Event:
         (
@@ -135,27 +245,31 @@ class Linker:
         chain = self.chain(run_id, chains)
         prev = chain.head
         index = chain.count
-        digest = self.hash(
+        digest = link(
+            chain.key,
             prev,
-            (
-                run_id,
-                seq,
-                index,
-                kind,
-                name,
-                key,
-                parent,
-                call_site,
-                request,
-                fp,
-                response,
-                encoding,
-                error,
-                side_effect,
-                started_at,
-                duration_ns,
-                metadata,
-                SCHEMA_VERSION,
+            orjson.dumps(
+                (
+                    run_id,
+                    seq,
+                    index,
+                    kind,
+                    name,
+                    key,
+                    parent,
+                    call_site,
+                    request,
+                    fp,
+                    response,
+                    encoding,
+                    error,
+                    side_effect,
+                    started_at,
+                    duration_ns,
+                    metadata,
+                    SCHEMA_VERSION,
+                ),
+                option=orjson.OPT_SORT_KEYS,
             ),
         )
         chain.count = index + 1
@@ -182,13 +296,6 @@ class Linker:
             hash=digest,
         )
 
-    def hash(self, prev: str, fields: tuple[Any, ...]) -> str:
-        """An event's link: the hash of its fields after ``prev`` (the run's chain head).
-
-        The one place the writer hashes an event.
-        """
-        return chain_hash(prev, fields)
-
     def _metadata(self, meta: dict[str, Any]) -> dict[str, Any]:
         """An event's metadata as JSON values, with secrets redacted: an LLM call's
         metadata repeats its messages and output, which may hold what the request did."""
@@ -212,9 +319,13 @@ class Linker:
                 metadata = self.redactor(metadata)
         except TypeError:
             pass  # not JSON: the store refuses it with its own error
-        if redacted == start.input and metadata is start.metadata:
-            return start
-        return msgspec.structs.replace(start, input=redacted, metadata=metadata)
+        if redacted != start.input or metadata is not start.metadata:
+            start = msgspec.structs.replace(start, input=redacted, metadata=metadata)
+        key = self.integrity.current_key()
+        if key is not None:
+            start = msgspec.structs.replace(start, chain=chain_label(key, start))
+        self._queue_anchor("start", start.run_id, key, start, **start_anchor_fields(start))
+        return start
 
     def end(
         self, item: tuple[str, str, bytes | None, bytes | None, float], chains: dict[str, Chain]
@@ -225,6 +336,9 @@ class Linker:
         out = None if output is None else redact(output).decode()
         err = None if error is None else redact(error).decode()
         start = self.starts.get(run_id) or self.store.get_run(run_id).start
+        key = chain.key
+        seal = seal_for(key, chain.head, start, status, out, err, ended_at, chain.count)
+        self._queue_anchor("seal", run_id, key, start, count=chain.count, seal=seal)
         return RunEnd(
             run_id=run_id,
             status=status,  # type: ignore[arg-type]
@@ -232,5 +346,6 @@ class Linker:
             error=err,
             ended_at=ended_at,
             event_count=chain.count,
-            last_hash=run_seal(chain.head, start, status, out, err, ended_at, chain.count),
+            last_hash=seal,
+            signature=None if key is None else key.sign(seal_message(run_id, seal)),
         )

@@ -38,6 +38,7 @@ from replayable.capture.writer.handoff import ENCODER as _ENCODER
 from replayable.capture.writer.handoff import apply, decode, encode, plain
 from replayable.errors import StoreError
 from replayable.events.redaction import Redactor
+from replayable.store.integrity import Integrity, integrity_env
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,10 +83,15 @@ class ProcessWriter:
         self._fallback: Writer | None = None
         self._drain_lock = threading.Lock()
         self._pid = os.getpid()
+        # Chain keys and the anchor as this process sees them: the writer process is
+        # shared by stores opened at different times, so it takes them from here.
+        self._integrity_env = integrity_env()
+        self._integrity = Integrity.from_env(self._integrity_env)  # a bad key fails here
         config = {
             "url": store.url,
             # The credentials travel down the pipe, never in argv, a log or an error.
             "open": store.connect_url(),
+            "integrity_env": self._integrity_env,
             "redact_keys": sorted(redactor.keys),
             "redact_patterns": list(redactor.patterns),
             "max_block_s": max_block_s,
@@ -187,6 +193,7 @@ class ProcessWriter:
         fallback = Writer(
             self.store,
             redactor=self._redactor,
+            integrity=self._integrity,
             max_block_s=self.max_block_s,
             on_store_failure="spool" if self.on_store_failure == "spool" else "raise",
             spool_dir=self.spool_dir,

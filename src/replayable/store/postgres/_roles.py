@@ -108,7 +108,7 @@ def init_roles(
     def tables(names: tuple[str, ...]) -> sql.Composable:
         return sql.SQL(", ").join(sql.SQL("{}.{}").format(s, sql.Identifier(t)) for t in names)
 
-    everything = tables((*APPEND_ONLY_TABLES, "schema_version", "tenant_members"))
+    everything = tables((*APPEND_ONLY_TABLES, "schema_version", "store_info", "tenant_members"))
     members = tables(("tenant_members",))
     with conn.transaction():
         for name in roles.logins:
@@ -119,7 +119,9 @@ def init_roles(
             sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(s, readers),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, everyone),
             sql.SQL("GRANT SELECT ON {} TO {}").format(tables(LOG_TABLES), everyone),
-            sql.SQL("GRANT SELECT ON {} TO {}").format(tables(("schema_version",)), everyone),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(
+                tables(("schema_version", "store_info")), everyone
+            ),
             sql.SQL("GRANT INSERT ON {} TO {}").format(tables(APPEND_ONLY_TABLES), w),
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(members, ad),
             sql.SQL("GRANT UPDATE, DELETE ON {} TO {}").format(tables(LOG_TABLES), st),

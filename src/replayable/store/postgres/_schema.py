@@ -183,8 +183,32 @@ def _v1_guards() -> list[str]:
     return out
 
 
+# Keyed chains: the start's chain label, the end's seal signature (NULL in rows
+# written before: the v1 chain), and the id anchor entries name the store by.
+_V4_CHAIN: Final = [
+    "ALTER TABLE {s}.runs ADD COLUMN chain TEXT",
+    "ALTER TABLE {s}.run_ends ADD COLUMN signature TEXT",
+    """
+    CREATE TABLE {s}.store_info (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )
+    """,
+    "INSERT INTO {s}.store_info (key, value) VALUES ('store_id', gen_random_uuid()::text)",
+    "CREATE TRIGGER store_info_append_only BEFORE UPDATE OR DELETE ON {s}.store_info "
+    "FOR EACH ROW EXECUTE FUNCTION {s}.refuse_change()",
+    "CREATE TRIGGER store_info_no_truncate BEFORE TRUNCATE ON {s}.store_info "
+    "FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse_change()",
+    "REVOKE ALL ON {s}.store_info FROM PUBLIC",
+]
+
 #: Migration n (1-based) brings a database from version n-1 to n.
-MIGRATIONS: Final[list[list[str]]] = [_V1 + _v1_guards(), V2_TENANCY, audit_migration()]
+MIGRATIONS: Final[list[list[str]]] = [
+    _V1 + _v1_guards(),
+    V2_TENANCY,
+    audit_migration(),
+    _V4_CHAIN,
+]
 LATEST_VERSION: Final = len(MIGRATIONS)
 
 _LOCK_KEY = 0x7265706C6179  # "replay": serializes concurrent upgrades

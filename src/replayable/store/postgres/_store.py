@@ -30,9 +30,9 @@ __all__ = ["PostgresStore"]
 _RUN_COLS = (
     "r.run_id::text, r.workflow, r.entrypoint, r.parent_run_id::text, r.parent_seq, "
     "r.root_run_id::text, r.record_tenant, r.input_text, r.metadata_text, r.code_text, "
-    "r.env_hash, r.lineage_text, r.started_at, r.schema_version, "
+    "r.env_hash, r.lineage_text, r.started_at, r.schema_version, r.chain, "
     "e.run_id::text, e.status, e.output_text, e.error_text, e.ended_at, e.event_count, "
-    "e.last_hash, e.schema_version"
+    "e.last_hash, e.schema_version, e.signature"
 )
 _SELECT_RUNS = f"SELECT {_RUN_COLS} FROM runs r LEFT JOIN run_ends e ON e.run_id = r.run_id"
 _EVENT_COLS = (
@@ -57,12 +57,13 @@ CREATE TEMP TABLE IF NOT EXISTS replayable_stage_events (
 _INSERT_RUN = (
     "INSERT INTO runs (run_id, workflow, entrypoint, parent_run_id, parent_seq, root_run_id, "
     "tenant, record_tenant, input_text, metadata_text, tags, code_text, env_hash, lineage_text, "
-    "started_at, schema_version) VALUES "
-    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "started_at, schema_version, chain) VALUES "
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 _INSERT_END = (
     "INSERT INTO run_ends (run_id, tenant, status, output_text, error_text, ended_at, "
-    "event_count, last_hash, schema_version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "event_count, last_hash, schema_version, signature) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 _RUN_INFO_CACHE = 100_000
 
@@ -324,6 +325,7 @@ class PostgresStore(PostgresAudit, EventStore):
             _dumps(s.lineage),
             s.started_at,
             s.schema_version,
+            s.chain,
         )
 
     def _end_row(self, r: RunEnd) -> tuple[Any, ...]:
@@ -338,6 +340,7 @@ class PostgresStore(PostgresAudit, EventStore):
             r.event_count,
             r.last_hash,
             r.schema_version,
+            r.signature,
         )
 
     def _remember(self, run_id: str, tenant: str | None, parent: str | None) -> None:
@@ -524,6 +527,48 @@ class PostgresStore(PostgresAudit, EventStore):
     def iter_run_ids(self) -> Iterator[str]:
         rows = self.query("SELECT run_id::text FROM runs ORDER BY started_at, run_id")
         return iter([r[0] for r in rows])
+
+    def store_id(self) -> str:
+        found: str | None = self.__dict__.get("_store_id")
+        if found is None:
+            rows = self.query("SELECT value FROM store_info WHERE key = 'store_id'")
+            if not rows:
+                raise StoreError(f"{self.url} has no store id (store_info is empty)")
+            found = self.__dict__["_store_id"] = str(rows[0][0])
+        return found
+
+    def row_tenant(self, start: RunStart) -> str | None:
+        return self._access_tenant(start)
+
+    def sees_tenant(self, tenant: str | None) -> bool:
+        return tenant == self.tenant
+
+    def event_run_ids(self) -> set[str]:
+        rows = self.query("SELECT DISTINCT run_id::text FROM agent_execution_events")
+        return {str(r[0]) for r in rows}
+
+    def tag_problem(self, run: Run) -> str | None:
+        if not _is_uuid(run.run_id):
+            return None
+        rows = self.query("SELECT tags FROM runs WHERE run_id = %s", (run.run_id,))
+        if not rows:
+            return None
+        stored = rows[0][0]
+        if not isinstance(stored, list) or not all(isinstance(t, str) for t in stored):
+            return f"the tag index is {type(stored).__name__}, not a list of text"
+        wanted = run_tags(run.start.metadata)
+        if sorted(stored) == sorted(wanted):
+            return None
+        extra = sorted(set(stored) - set(wanted))
+        lacking = sorted(set(wanted) - set(stored))
+        parts = []
+        if extra:
+            parts.append(f"{len(extra)} tag(s) not in its metadata ({extra[0]!r}...)")
+        if lacking:
+            parts.append(f"{len(lacking)} of its metadata tag(s) missing ({lacking[0]!r}...)")
+        if not parts:
+            parts.append("a tag is repeated")
+        return "the tag index does not match the run's metadata: " + "; ".join(parts)
 
     def search(self, query: EventQuery) -> SearchPage:
         from replayable.store.postgres._search import search
