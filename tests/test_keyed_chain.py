@@ -303,3 +303,21 @@ def test_anchor_written_private(sqlite_store: SQLiteStore, keyed: Path) -> None:
     _record(sqlite_store, ["Oslo"])
     assert keyed.stat().st_mode & 0o777 == 0o600
     assert FileAnchor(keyed).path == keyed
+
+
+def test_cli_keys_new_prints_a_usable_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``replayable keys new`` prints a line the environment variable takes as it is."""
+    from typer.testing import CliRunner
+
+    from replayable.cli import app
+
+    result = CliRunner().invoke(app, ["keys", "new", "--id", "prod-1"])
+    assert result.exit_code == 0, result.output
+    name, _, value = result.stdout.strip().partition("=")
+    assert name == "REPLAYABLE_CHAIN_KEY"
+    assert parse_key(value).key_id == "prod-1"
+    monkeypatch.setenv(name, value)
+    status = CliRunner().invoke(app, ["keys", "status"])
+    assert "key 'prod-1'" in status.stdout
+    bad = CliRunner().invoke(app, ["keys", "new", "--id", "no:colons"])
+    assert bad.exit_code == 2

@@ -15,6 +15,7 @@ import typer
 
 from replayable.cli import audit as _audit
 from replayable.cli import db as _db
+from replayable.cli import keys as _keys
 from replayable.cli import query as _query
 from replayable.cli._context import STORE_HELP, CliState, ReplayableGroup
 from replayable.cli._diffview import diff
@@ -64,6 +65,7 @@ app.command("tools")(tools)
 app.command("verify")(verify)
 _db.register(app)
 _audit.register(app)
+_keys.register(app)
 _query.register(app)
 
 

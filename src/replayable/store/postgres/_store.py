@@ -541,7 +541,19 @@ class PostgresStore(PostgresAudit, EventStore):
         return self._access_tenant(start)
 
     def sees_tenant(self, tenant: str | None) -> bool:
-        return tenant == self.tenant
+        readable: set[str] | bool | None = self.__dict__.get("_readable")
+        if readable is None:
+            rows = self.query("SELECT row_security_active('runs'), session_tenants(false)")
+            active, tenants = rows[0] if rows else (True, [])
+            # A role the policies do not apply to (the owner) reads every tenant.
+            readable = True if not active else set(tenants or ())
+            self.__dict__["_readable"] = readable
+        if readable is True:
+            return self.tenant is None or tenant == self.tenant
+        assert isinstance(readable, set)
+        if self.tenant is not None and tenant != self.tenant:
+            return False
+        return (tenant or "") in readable
 
     def event_run_ids(self) -> set[str]:
         rows = self.query("SELECT DISTINCT run_id::text FROM agent_execution_events")
