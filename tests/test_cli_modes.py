@@ -168,6 +168,21 @@ def test_an_override_of_the_right_shape_replaces_an_llm_step(store, url):
     assert data["output"] == "ok:high:critical"
 
 
+def test_piped_diff_keeps_each_line_whole(store, url):
+    """Not a terminal: the diff is not folded or cut to 60 columns."""
+    run_id = record(store, agents.graded, "contract")
+    value = '1={"status": "retry", "verdict": {"risk": "low", "score": 1}, "usage": []}'
+    fork = as_json(cli(url, "replay", run_id, "--override", value, "--json"))["new_run_id"]
+    result = CliRunner().invoke(app, ["--store", url, "diff", run_id, fork], env={"COLUMNS": "60"})
+    assert result.exit_code == 1, result.output  # the runs differ
+    assert any(
+        "step 1 ↔ 1: llm tests._model_api: response.verdict.score changed from 0.9 to 1" in line
+        for line in result.stdout.splitlines()
+    ), result.stdout
+    assert f"A {run_id}" in result.stdout
+    assert f"B {fork}" in result.stdout
+
+
 def test_blocked_side_effect_is_named_and_exits_one(store, url):
     """A guarded tool with a new request stops the fork: exit 1, reason side_effect_blocked."""
     run_id = record(store, agents.research, "alpha")

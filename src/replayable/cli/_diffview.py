@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 import replayable
-from replayable.cli._context import state, stdout
+from replayable.cli._context import state, whole_stdout
 from replayable.diff import FieldChange, RunDiff, StepPair
 
 __all__ = ["diff", "diff_view", "main_change"]
@@ -183,6 +183,6 @@ def diff(
         data = result.to_dict(all_pairs=all_pairs)
         typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str).decode())
     else:
-        stdout().print(diff_view(result, all_pairs=all_pairs))
+        whole_stdout().print(diff_view(result, all_pairs=all_pairs))
     if not result.identical:
         raise typer.Exit(1)
