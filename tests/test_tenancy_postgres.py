@@ -456,6 +456,35 @@ def test_maintenance_purges_its_tenant_only(world: World, pg: PgServer) -> None:
         owner.close()
 
 
+@replayable.tool(name="tenancy_lookup")
+def _lookup(x: int) -> int:
+    return x + 1
+
+
+@replayable.workflow("tenancy_flow")
+def _flow(n: int) -> int:
+    return sum(_lookup(i) for i in range(n))
+
+
+def test_a_tenant_login_records_and_replays_through_the_writer(world: World) -> None:
+    """A recording by A's writer login (no ?tenant=) lands in A, replays, and B cannot see it."""
+    store = replayable.open_store(world.url("a_writer"))
+    try:
+        with replayable.recording(store, durability="durable") as rec:
+            assert _flow(5) == 15
+        (rid,) = rec.run_ids
+        assert replayable.replay(rid, store=store, fn=_flow).ok
+    finally:
+        store.close()
+    with world.connect("a_auditor") as conn:
+        row = conn.execute("SELECT tenant FROM runs WHERE run_id = %s", (rid,)).fetchone()
+        assert row == ("A",)
+    with world.connect("b_writer") as conn:
+        assert conn.execute("SELECT count(*) FROM runs WHERE run_id = %s", (rid,)).fetchone() == (
+            0,
+        )
+
+
 # -- cost and migration --------------------------------------------------------------------
 
 
