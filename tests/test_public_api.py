@@ -29,6 +29,9 @@ PROMISED = {
     "carry",
     "ContextThreadPoolExecutor",
     "deterministic",
+    "retrieval",
+    "prompt",
+    "snapshot",
 }
 
 

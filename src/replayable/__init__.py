@@ -76,9 +76,12 @@ _LAZY: dict[str, str] = {
             "configure",
             "llm",
             "now",
+            "prompt",
             "randint",
             "random",
+            "retrieval",
             "sleep",
+            "snapshot",
             "span",
             "tool",
             "utcnow",
@@ -153,12 +156,15 @@ __all__ = [
     "llm",
     "now",
     "open_store",
+    "prompt",
     "randint",
     "random",
     "recording",
     "register_codec",
     "replay",
+    "retrieval",
     "sleep",
+    "snapshot",
     "span",
     "tool",
     "utcnow",
@@ -172,6 +178,7 @@ def recording(
     store: EventStore | str | None = None,
     *,
     metadata: Mapping[str, Any] | None = None,
+    context: Mapping[str, Any] | None = None,
     tenant: str | None = None,
     durability: Literal["buffered", "durable"] = "buffered",
     env_vars: tuple[str, ...] = (),
@@ -185,6 +192,9 @@ def recording(
     once; ``"durable"`` returns from each boundary only after its event is
     committed (group commit across threads). ``env_vars`` names environment
     variables to snapshot with each run (secret-looking values are redacted).
+    ``context`` holds what every run decides under (feature flags, tenant
+    configuration, permission snapshots): it is kept in each run's metadata under
+    ``context``, shown by ``replayable show`` and compared by ``diff``.
 
     When the store is unreachable, ``on_store_failure="spool"`` (the default)
     keeps the agent running and spools records to a local file under
@@ -194,6 +204,13 @@ def recording(
     """
     from replayable.capture.recording import Recording
 
+    if context is not None:
+        if not isinstance(context, Mapping):
+            raise TypeError(
+                f"recording(context=...) takes a mapping (flags, tenant configuration, "
+                f"permissions), not {type(context).__name__}"
+            )
+        metadata = {**(metadata or {}), "context": dict(context)}
     return Recording(
         store,
         metadata=metadata,

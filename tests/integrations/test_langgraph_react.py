@@ -63,9 +63,11 @@ def test_react_agent(
             ("llm", "langchain.ChatOpenAI", None),
         ]
         assert events[1].metadata["nested"] == 1
+        assert list(events[0].metadata["tool_schemas"]) == ["get_weather"]
     else:
         assert [(e.kind, e.name) for e in events] == [
             ("llm", "openai.chat.completions"),
             ("tool", "lookup_forecast"),
             ("llm", "openai.chat.completions"),
         ]
+        assert list(events[0].metadata["tool_schemas"]) == ["get_weather"]

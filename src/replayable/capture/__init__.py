@@ -52,6 +52,7 @@ _LAZY: dict[str, str] = {
     "ContextThreadPoolExecutor": "replayable.capture.context",
     "carry": "replayable.capture.context",
     "Recording": "replayable.capture.recording",
+    **dict.fromkeys(("prompt", "retrieval", "snapshot"), "replayable.capture.decisions"),
 }
 
 __all__ = [
@@ -62,10 +63,13 @@ __all__ = [
     "configure",
     "llm",
     "now",
+    "prompt",
     "randint",
     "random",
+    "retrieval",
     "settings",
     "sleep",
+    "snapshot",
     "span",
     "tool",
     "utcnow",

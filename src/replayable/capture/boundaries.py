@@ -154,7 +154,14 @@ def _request_builder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[
 def tool(fn: F, /) -> F: ...
 @overload
 def tool(
-    fn: None = None, /, *, name: str | None = None, side_effect: bool = False, kind: str = "tool"
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    side_effect: bool = False,
+    kind: str = "tool",
+    validate: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None,
+    normalize: Callable[[Any], Any] | None = None,
 ) -> Callable[[F], F]: ...
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -163,18 +170,35 @@ def tool(
     name: str | None = None,
     side_effect: bool = False,
     kind: str = "tool",
+    validate: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None,
+    normalize: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Mark a tool: its arguments and its result or exception are recorded, and replay
     serves them from the tape without calling it. ``side_effect=True`` marks a tool
     that changes the world (replay never runs it). ``kind`` may name another boundary
-    kind (``retrieval``, ``http``, ``state_read``, ``state_write``)."""
+    kind (``retrieval``, ``http``, ``state_read``, ``state_write``); a ``retrieval``
+    tool's event names the query and each document's id, score and version.
+
+    ``validate(arguments) -> arguments`` checks or coerces the named arguments before
+    the call: the request is the validated arguments, and the ones given are kept
+    beside them. ``normalize(raw) -> value`` is an adapter over the raw provider
+    response: the raw response is recorded (and served on replay), the normalized
+    value the caller gets is kept beside it, and ``normalize`` runs again on replay."""
     if fn is not None:
-        return tool(name=name, side_effect=side_effect, kind=kind)(fn)
+        return tool(
+            name=name, side_effect=side_effect, kind=kind, validate=validate, normalize=normalize
+        )(fn)
 
     def decorate(f: F) -> F:
         tool_name = name or f.__name__
         build = _request_builder(f)
-        if inspect.iscoroutinefunction(f):
+        if kind == "retrieval" or validate is not None or normalize is not None:
+            from replayable.capture.decisions import described_tool
+
+            wrapper: Any = functools.wraps(f)(
+                described_tool(f, tool_name, kind, side_effect, build, normalize, validate)
+            )
+        elif inspect.iscoroutinefunction(f):
 
             @functools.wraps(f)
             async def call_async(*args: Any, **kwargs: Any) -> Any:
@@ -189,7 +213,7 @@ def tool(
                     ),
                 )  # fmt: skip
 
-            wrapper: Any = call_async
+            wrapper = call_async
         else:
 
             @functools.wraps(f)

@@ -20,6 +20,7 @@ from replayable.cli.audit import (
     annotation_to_dict,
     reader,
 )
+from replayable.cli.decisions import decisions_view
 from replayable.cli.jsonview import event_to_dict, run_to_dict
 from replayable.cli.render import runs_rows, runs_table, timeline
 from replayable.cli.runtree import root_run, run_header, run_tree, tree_to_dict
@@ -145,6 +146,10 @@ def show(
             by_step.setdefault(a.seq, []).append(annotation_lines(a))
     title = f"{len(events)} event{'' if len(events) == 1 else 's'}"
     console.print(timeline(events, title=title, whole=piped(), notes=by_step))
+    decisions = decisions_view(record, events)
+    if decisions is not None:
+        console.print()
+        console.print(decisions)
 
 
 def _report_line(report: ChainReport) -> Text:

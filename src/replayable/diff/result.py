@@ -10,6 +10,7 @@ import orjson
 
 from replayable.diff.align import align
 from replayable.diff.compare import RANK_ORDER, Comparer, FieldChange
+from replayable.diff.context import describe_change, run_context_changes, step_context_changes
 from replayable.events.model import Event, Run
 from replayable.store import EventStore, open_store
 
@@ -70,9 +71,13 @@ class FirstDivergence:
     old: Any
     new: Any
     rank: str
+    #: A sentence for a decision-context change ("document 17 changed from v2 to v3").
+    note: str | None = None
 
     def describe(self) -> str:
         steps = f"step {self.left_step or '—'} ↔ {self.right_step or '—'}"
+        if self.note is not None:
+            return f"{steps}: {self.kind} {self.name}: {self.note}"
         if self.status == "inserted":
             return f"{steps}: {self.kind} {self.name} only in the second run"
         if self.status == "removed":
@@ -95,6 +100,7 @@ class FirstDivergence:
             "old": self.old,
             "new": self.new,
             "rank": self.rank,
+            "note": self.note,
             "description": self.describe(),
         }
 
@@ -153,7 +159,8 @@ def _pair(comparer: Comparer, a: Event | None, b: Event | None) -> StepPair:
         return StepPair("removed", a, None)
     if a.kind != b.kind or a.name != b.name:
         return StepPair("different_call", a, b)
-    changes: list[FieldChange] = []
+    # The decision context first: where it changed, it says why the payloads did.
+    changes: list[FieldChange] = step_context_changes(comparer, a, b)
     if a.fingerprint != b.fingerprint:
         changes += comparer.compare("request", _tree(a.request), _tree(b.request))
     if a.response != b.response:
@@ -170,6 +177,13 @@ def _first(
     pairs: list[StepPair], output: list[FieldChange], left: Run, right: Run
 ) -> FirstDivergence | None:
     for level in (("structural", "significant"), ("text",)):
+        # The run's context holds before its first step.
+        for c in output:
+            if c.side == "context" and c.rank in level:
+                return FirstDivergence(
+                    None, None, "run", "context", "changed", c.where, c.old, c.new, c.rank,
+                    describe_change(c),
+                )  # fmt: skip
         for p in pairs:
             if p.rank not in level:
                 continue
@@ -212,6 +226,7 @@ def _first(
                 change.old,
                 change.new,
                 change.rank,
+                describe_change(change),
             )
         for c in output:
             if c.rank in level:
@@ -242,7 +257,8 @@ def diff(
     pairs = [
         _pair(comparer, x, y) for x, y in align(st.events(left.run_id), st.events(right.run_id))
     ]
-    outcome: list[FieldChange] = []
+    # A run's context (flags, configuration, permissions) comes before its outcome.
+    outcome: list[FieldChange] = run_context_changes(comparer, left, right)
     le, re_ = left.end, right.end
     if (le is None) != (re_ is None):
         outcome.append(FieldChange("run", "status", left.status, right.status, "structural"))

@@ -37,6 +37,7 @@ BOUNDARY_KINDS: Final = (
     "uuid",
     "sleep",
     "retrieval",
+    "prompt",
     "state_read",
     "state_write",
     "subrun",

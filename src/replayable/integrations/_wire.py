@@ -9,10 +9,13 @@ here imports an SDK.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["classify", "describe_request", "describe_response"]
+from replayable.events.canonical import canonical
+
+__all__ = ["classify", "describe_request", "describe_response", "tool_schemas"]
 
 JSON = Any
 
@@ -202,7 +205,19 @@ def describe_request(name: str, provider: str | None, body: JSON) -> dict[str, A
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
         meta["tools"] = [_tool_name(t) for t in tools]
+        meta["tool_schemas"] = tool_schemas(tools)
     return meta
+
+
+def tool_schemas(tools: list[JSON]) -> dict[str, str]:
+    """Each tool offered to the model, by name, with a hash of its whole definition
+    (description and parameter schema), so a changed schema is seen as such."""
+    out: dict[str, str] = {}
+    for i, tool in enumerate(tools):
+        name = _tool_name(tool)
+        key = name if isinstance(name, str) and name not in out else f"{name}#{i}"
+        out[key] = "sha256:" + hashlib.sha256(canonical(tool)).hexdigest()[:16]
+    return out
 
 
 def _tool_name(tool: JSON) -> JSON:

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from replayable.capture.context import _STATE, Lineage, State, active_state
+from replayable.integrations._wire import tool_schemas
 
 __all__ = ["instrument", "instrumented", "side_effect_tools", "uninstrument"]
 
@@ -195,6 +196,10 @@ def _model_request(
     for k in _PARAMS:
         if k in params and k not in meta:
             meta[k] = _jsonable(params[k])
+    tools = request.get("params", {}).get("tools")
+    if isinstance(tools, list) and tools:
+        meta["tool_schemas"] = tool_schemas(tools)
+        meta["tools"] = [name.partition("#")[0] for name in meta["tool_schemas"]]
     return f"langchain.{type(model).__name__}", request, meta
 
 
