@@ -273,7 +273,7 @@ def test_run_context_and_snapshots_are_kept_shown_and_compared(store: Any, url: 
     assert STATE["calls"] == 0  # the callable is not read on replay
     text = show(url, run_id).replace('"', "")
     assert "context: flags={new_checkout:false}, perms=[refund], tenant={plan:pro}" in text
-    assert "step 1 state_read db.orders: snapshot [{cart:c-1,id:1,state:open}]" in text
+    assert "step 1 state_read db.orders: snapshot [{id:1,cart:c-1,state:open}]" in text
     changed = {**context, "flags": {"new_checkout": True}}
     second = record(store, checkout, "c-1", context=changed)
     d = replayable.diff(run_id, second, store=store)

@@ -11,8 +11,10 @@ replays again: the replay must name the step that changed.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -62,6 +64,40 @@ def check_agent(
     """Record ``fn(*args)``, fork it at ``tool_step`` with ``override``, stop the server,
     replay three times (``identical``), then check that a changed system prompt diverges
     at step 1 and a changed tool argument at ``arg_step``. Returns the run id."""
+    try:
+        return _check(
+            module,
+            fn,
+            args,
+            provider,
+            store,
+            monkeypatch,
+            tool_step,
+            arg_step,
+            override,
+            forked_text,
+        )
+    except BaseException:
+        # A connection the SDK left unclosed, finalized while pytest parses source to
+        # show this failure, trips CPython 3.11's AST recursion check: collect it first.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+        raise
+
+
+def _check(
+    module: ModuleType,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    provider: FakeProvider,
+    store: MemoryStore,
+    monkeypatch: pytest.MonkeyPatch,
+    tool_step: int,
+    arg_step: int,
+    override: Any,
+    forked_text: str,
+) -> str:
     run_id, out = record(store, fn, *args)
     events = store.events(run_id)
     assert events[0].kind == "llm", [(e.seq, e.kind, e.name) for e in events]

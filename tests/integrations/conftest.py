@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -23,3 +25,18 @@ def store() -> Iterator[MemoryStore]:
     s = MemoryStore()
     yield s
     s.close()
+
+
+@pytest.fixture
+def sdk_leftovers() -> Iterator[None]:
+    """Collect, at teardown, the connections an SDK leaves to the garbage collector.
+
+    ``Runner.run_sync`` and pydantic-ai's ``run_sync`` drive the agent on an event loop
+    they keep (or drop) themselves, so the pooled connections of a client nobody closed
+    are finalized whenever the collector runs; collected here, the warnings they raise
+    are theirs alone and do not land in a later test.
+    """
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()

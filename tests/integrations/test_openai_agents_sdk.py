@@ -13,9 +13,12 @@ from tests.integrations.servers import FakeProvider
 # Runner.run_sync runs the agent on an event loop of its own and closes it, leaving the
 # SDK's pooled connection to be collected unclosed; that is the SDK's doing, not a leak
 # of the recording (the async tests close their loop's transports the same way).
-pytestmark = pytest.mark.filterwarnings(
-    "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
-)
+pytestmark = [
+    pytest.mark.usefixtures("sdk_leftovers"),
+    pytest.mark.filterwarnings(
+        "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
+    ),
+]
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 example = load_example("openai_agents_sdk")
 

@@ -11,9 +11,12 @@ from tests.integrations.servers import FakeProvider
 
 # run_sync runs the agent on an event loop of its own; the provider's pooled connection
 # outlives that loop and is collected unclosed (pydantic-ai's doing, not the recording's).
-pytestmark = pytest.mark.filterwarnings(
-    "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
-)
+pytestmark = [
+    pytest.mark.usefixtures("sdk_leftovers"),
+    pytest.mark.filterwarnings(
+        "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
+    ),
+]
 example = load_example("pydantic_ai_agent")
 QUESTION = "What is the weather in Lisbon"
 
