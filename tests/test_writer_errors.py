@@ -35,7 +35,7 @@ def test_retries_follow_our_names_not_the_drivers() -> None:
     assert is_permanent(refused)
     assert is_permanent(AppendOnlyError("duplicate"))
     assert is_permanent(SchemaVersionError("newer"))
-    assert is_permanent(StoreAuthenticationError("no such role"))
+    assert not is_permanent(StoreAuthenticationError("no such role")), "the records wait"
     assert not is_permanent(Stalled("no answer"))
     assert not is_permanent(StoreError("anything else the store says"))
     assert not is_permanent(OSError("disk"))

@@ -22,14 +22,36 @@ from replayable.capture.runtime import (
     serialization_error,
 )
 from replayable.capture.writer import OnStoreFailure, writer_for
-from replayable.errors import ConfigurationError
+from replayable.errors import ConfigurationError, StoreUnavailableError
 from replayable.events.codec import UnencodableError, encode_error
 from replayable.events.model import RunStart
-from replayable.store import EventStore, open_store
+from replayable.store import DEFAULT_STORE_URL, EventStore, open_store
 
 __all__ = ["Durability", "Recording"]
 
 Durability = Literal["buffered", "durable"]
+
+
+def _open(store: EventStore | str | None, on_store_failure: OnStoreFailure | None) -> EventStore:
+    """The store, or, fail-open, a store opened once it answers: a store that is down
+    when recording starts is an outage like any other, spooled and drained later."""
+    try:
+        return open_store(store)
+    except StoreUnavailableError as exc:
+        if on_store_failure == "raise" or isinstance(store, EventStore):
+            raise
+        import warnings
+
+        from replayable.store.lazy import LazyStore
+
+        url = store or os.environ.get("REPLAYABLE_STORE") or DEFAULT_STORE_URL
+        lazy = LazyStore(url)
+        warnings.warn(
+            f"replayable: {exc}; recording to the spool until {lazy.url} answers",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return lazy  # type: ignore[return-value]
 
 
 class Recording(Session):
@@ -56,7 +78,7 @@ class Recording(Session):
             raise ConfigurationError(
                 f"durability must be 'buffered' or 'durable', not {durability!r}"
             )
-        self.store = open_store(store)
+        self.store = _open(store, on_store_failure)
         self.metadata = dict(metadata or {})
         self.tenant = tenant
         self.durability = durability

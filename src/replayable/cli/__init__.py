@@ -17,6 +17,7 @@ from replayable.cli import audit as _audit
 from replayable.cli import db as _db
 from replayable.cli import keys as _keys
 from replayable.cli import query as _query
+from replayable.cli import status as _status
 from replayable.cli._context import STORE_HELP, CliState, ReplayableGroup
 from replayable.cli._diffview import diff
 from replayable.cli._inspect import runs, show, verify
@@ -67,6 +68,7 @@ _db.register(app)
 _audit.register(app)
 _keys.register(app)
 _query.register(app)
+_status.register(app)
 
 
 def main() -> None:

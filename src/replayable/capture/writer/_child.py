@@ -9,7 +9,9 @@ writer; ``m`` asks for an acknowledgement, ``c`` closes the store, ``k`` and
 acknowledgement requests it flushes the store's writer and writes one line
 per request to stdout: the ticket, then an error message if the flush failed
 (``q`` and ``d`` are answered the same way: spooled or not, drained or not).
-On end of input (the agent's process closed the pipe or died) it flushes what
+A line with ticket ``0`` is news the agent did not ask for: ``0 <store>
+down <why>`` when a store's writer cannot store, ``0 <store> up`` when it can
+again. On end of input (the agent's process closed the pipe or died) it flushes what
 it has and exits.
 
 The store is opened on its first use, not when the ``o`` record arrives: a
@@ -22,6 +24,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 from typing import Any
 
 import msgspec
@@ -30,41 +33,8 @@ from replayable.capture.writer.core import Writer
 from replayable.capture.writer.handoff import apply
 from replayable.errors import StoreError
 from replayable.events.redaction import Redactor
-from replayable.store import open_store
-from replayable.store.base import EventStore
 from replayable.store.integrity import Integrity
-
-
-class _LazyStore:
-    """A store opened on first use, so that opening it fails like any other store call.
-
-    ``url`` is the store's shown URL (password masked), which names its spool
-    and appears in messages; ``open_url`` carries the credentials.
-    """
-
-    def __init__(self, url: str, open_url: str | None = None) -> None:
-        self.url = url
-        self._open_url = open_url or url
-        self._store: EventStore | None = None
-
-    def __repr__(self) -> str:
-        return f"<store {self.url}>"
-
-    def _get(self) -> EventStore:
-        if self._store is None:
-            self._store = open_store(self._open_url)
-        return self._store
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._get(), name)
-
-    def interrupt(self) -> None:
-        if self._store is not None:
-            self._store.interrupt()
-
-    def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
+from replayable.store.lazy import LazyStore
 
 
 def _read_exactly(stream: Any, n: int) -> bytes | None:
@@ -81,8 +51,18 @@ def _redactor(keys: list[str], patterns: list[str]) -> Redactor:
     return Redactor(keys=keys, value_patterns=patterns)
 
 
-def _open(config: dict[str, Any]) -> tuple[Writer, _LazyStore]:
-    store = _LazyStore(config["url"], config.get("open"))
+_out_lock = threading.Lock()
+
+
+def _say(text: str) -> None:
+    """Write answer lines to the agent's process (writer threads tell it news too)."""
+    with _out_lock:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _open(sid: int, config: dict[str, Any]) -> tuple[Writer, LazyStore]:
+    store = LazyStore(config.get("open") or config["url"], shown=config["url"])
     writer = Writer(
         store,  # type: ignore[arg-type]
         redactor=_redactor(config["redact_keys"], config["redact_patterns"]),
@@ -91,6 +71,12 @@ def _open(config: dict[str, Any]) -> tuple[Writer, _LazyStore]:
         spool_dir=config["spool_dir"],
         integrity=Integrity.from_env(config.get("integrity_env") or {}),
     )
+
+    def tell(state: str, message: str) -> None:
+        # Ticket 0 is news, not an answer: the store's writer went down or came back.
+        _say(f"0 {sid} {state} {message}".replace("\n", " ") + "\n")
+
+    writer.on_status = tell
     return writer, store
 
 
@@ -114,8 +100,8 @@ def main() -> int:
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
     decoder = msgspec.msgpack.Decoder()
-    stdin, stdout = sys.stdin.buffer, sys.stdout
-    writers: dict[int, tuple[Writer, _LazyStore]] = {}
+    stdin = sys.stdin.buffer
+    writers: dict[int, tuple[Writer, LazyStore]] = {}
     try:
         while True:
             head = _read_exactly(stdin, 4)
@@ -145,7 +131,7 @@ def main() -> int:
                 elif kind == "q" or kind == "d":
                     queries.append((kind, item))
                 elif kind == "o":
-                    opened = writers[sid] = _open(item)
+                    opened = writers[sid] = _open(sid, item)
                     writer = opened[0]
                 elif writer is None:
                     continue  # a store that was closed, or never opened
@@ -184,8 +170,7 @@ def main() -> int:
                 else:
                     drained = writer is None or writer.drain(timeout=arg)
                     lines.append(f"{ticket}{'' if drained else ' not drained'}\n")
-            stdout.write("".join(lines))
-            stdout.flush()
+            _say("".join(lines))
     finally:
         for writer, store in writers.values():
             try:

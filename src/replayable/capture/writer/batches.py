@@ -19,6 +19,7 @@ from replayable.errors import (
     ConfigurationError,
     RunNotFoundError,
     SerializationError,
+    StoreAuthenticationError,
     StoreError,
     StoreRefusedError,
     StoreUnavailableError,
@@ -36,11 +37,15 @@ def is_permanent(exc: BaseException) -> bool:
 
     Decided from replayable's own error names, which each store maps its
     driver's exceptions to: a :class:`StoreRefusedError` (a duplicate, a newer
-    schema, a value the database cannot hold, a refused login) is permanent;
+    schema, a value the database cannot hold) is permanent; a refused login
+    (:class:`StoreAuthenticationError`) is not, since it concerns no record;
     a :class:`StoreUnavailableError`, any other :class:`StoreError` and an
     ``OSError`` are transient. An exception outside the tree is a bug in the
     store and would recur.
     """
+    if isinstance(exc, StoreAuthenticationError):
+        # The login, not the data: an administrator can fix it, so the records wait.
+        return False
     if isinstance(exc, _PERMANENT):
         return True
     return not isinstance(exc, StoreError | OSError)

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from replayable.capture.writer.batches import Outcome
+from replayable.capture.writer.refusals import warn
+from replayable.errors import StoreError
 
 if TYPE_CHECKING:
     from replayable.capture.writer.process import ProcessWriter
@@ -177,12 +179,28 @@ class Channel:
         assert out is not None
         for line in out:
             ticket_text, _, reply = line.decode().rstrip("\n").partition(" ")
+            if ticket_text == "0":
+                self._news(reply)
+                continue
             with self.lock:
                 waiter = self.waiters.pop(int(ticket_text), None)
             if waiter is not None:
                 waiter.resolve(reply or None)
         if not self.closing:
             self._died(EOFError("the writer process ended"))
+
+    def _news(self, text: str) -> None:
+        """A store's writer in the child went down or came back: say so here, at once."""
+        sid_text, _, rest = text.partition(" ")
+        state, _, message = rest.partition(" ")
+        writer = self.writers.get(int(sid_text)) if sid_text.isdigit() else None
+        if writer is None:
+            return
+        if state == "down":
+            writer.last_error = StoreError(message)
+            warn(message)
+        else:
+            writer.last_error = None
 
     def _died(self, exc: BaseException) -> None:
         with self.lock:

@@ -43,8 +43,9 @@ from replayable.capture.writer.backoff import Backoff
 from replayable.capture.writer.batches import Batch, Committer, Waiter, is_permanent
 from replayable.capture.writer.linker import Chain, Linker, PendingEvent
 from replayable.capture.writer.outage import Outage
-from replayable.capture.writer.refusals import Refusals
+from replayable.capture.writer.refusals import Refusals, warn
 from replayable.capture.writer.spool import SpoolBatch
+from replayable.capture.writer.status import WriterStatus
 from replayable.errors import ConfigurationError, StoreError
 from replayable.events.model import RunStart
 from replayable.events.redaction import Redactor
@@ -99,6 +100,10 @@ class Writer:
         self.last_error: BaseException | None = None
         #: Called once the writer has closed (its registry forgets it).
         self.on_close: Callable[[], None] | None = None
+        #: Called with ``("down", why)`` when the store becomes unavailable, ``("up", "")``
+        #: when it is back (the writer process tells the agent's process).
+        self.on_status: Callable[[str, str], None] | None = None
+        self._status = WriterStatus(store.url)
         self._backoff = Backoff()
         self._committer = Committer()
         self._refusals = Refusals(
@@ -156,6 +161,7 @@ class Writer:
         in_memory = self.store.url.startswith("memory:")
         if spool_dir is not None and not in_memory and self._outage.set_dir(Path(spool_dir)):
             self._wake.set()
+        self._status.directory = self.spool_dir
 
     @property
     def stall_s(self) -> float:
@@ -257,9 +263,19 @@ class Writer:
     def _went_down(self) -> None:
         if self.on_store_failure == "raise":
             self.__dict__["event"] = self._refusing_event
+        down = self._outage.down
+        where = f"spooled to {self.spool_dir}" if self.spool_dir else "kept in memory"
+        message = f"replayable: {self.store.url} cannot store records ({down}); they are {where}"
+        if self.on_status is not None:
+            self.on_status("down", message)
+        else:
+            warn(message)
 
     def _came_back(self) -> None:
         self.__dict__.pop("event", None)
+        self._status.back()
+        if self.on_status is not None:
+            self.on_status("up", "")
 
     def _outage_refusal(self) -> StoreError | None:
         down = self._outage.down
@@ -269,6 +285,10 @@ class Writer:
 
     def _set_error(self, error: BaseException | None) -> None:
         self.last_error = error
+        if error is None:
+            self._status.committed()
+        else:
+            self._status.failed(error)
 
     # -- writer thread ------------------------------------------------------
 

@@ -134,12 +134,6 @@ class Outage:
                 self.down = StoreError(f"writing to {self.store.url} failed: {error}")
                 self.down.__cause__ = error
             self.drained.clear()
-            log.warning(
-                "replayable: %s is unavailable (%s); records are %s until it is back",
-                self.store.url,
-                error,
-                "spooled" if self.spool_dir is not None else "kept in memory",
-            )
             self.on_down()
         refusal = self.refusal()
         if not self.held and self.spool_dir is not None:

@@ -98,6 +98,7 @@ class ProcessWriter:
             "on_store_failure": on_store_failure,
             "spool_dir": self.spool_dir,
         }
+        self._config = config
         self._buf.append(_ENCODER.encode(("o", config)))
         self._channel = current_channel()
         sid = self._channel.add(self)
