@@ -76,8 +76,8 @@ def tty(url: str | None, *args: str, columns: int = 200) -> Result:
     return cli(url, *args, env={**TERMINAL, "COLUMNS": str(columns)})
 
 
-def assert_one_line_error(result: Result, *needles: str) -> None:
-    assert result.exit_code == 2, result.output
+def assert_one_line_error(result: Result, *needles: str, code: int = 2) -> None:
+    assert result.exit_code == code, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ")
@@ -529,14 +529,15 @@ def test_replay_of_a_recorded_failure_is_identical(store, url):
 
 
 def test_replay_with_missing_entrypoint_is_one_line_error(store, url):
-    """A run whose entry function cannot be imported is refused in one line."""
+    """A run whose entry function cannot be imported is refused in one line, exit 3
+    (the replay could not start)."""
 
     @replayable.workflow("local")
     def local_agent() -> int:
         return 1
 
     run_id = record(store, local_agent)
-    assert_one_line_error(cli(url, "replay", run_id), "local_agent")
+    assert_one_line_error(cli(url, "replay", run_id), "local_agent", code=3)
 
 
 def test_replay_imports_the_entrypoint_from_the_working_directory(

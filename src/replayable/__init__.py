@@ -20,6 +20,7 @@ from replayable.errors import (
     AmbiguousRunIdError,
     AppendOnlyError,
     ConfigurationError,
+    EntryImportError,
     EntrypointNotFoundError,
     RecordedError,
     ReplayableError,
@@ -32,6 +33,7 @@ from replayable.errors import (
     StoreError,
     StoreRefusedError,
     StoreUnavailableError,
+    UntrustedRecordError,
 )
 
 if TYPE_CHECKING:
@@ -125,6 +127,7 @@ __all__ = [
     "ConfigurationError",
     "ContextThreadPoolExecutor",
     "Divergence",
+    "EntryImportError",
     "EntrypointNotFoundError",
     "Event",
     "EventStore",
@@ -145,6 +148,7 @@ __all__ = [
     "StoreError",
     "StoreRefusedError",
     "StoreUnavailableError",
+    "UntrustedRecordError",
     "__version__",
     "annotate",
     "annotations",

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from replayable.capture.config import settings
 from replayable.capture.context import _STATE, Lineage, State, install_task_factory
 from replayable.capture.environment import code_fingerprint, environment_snapshot
+from replayable.capture.guard import refuse_live
 from replayable.capture.record import RecordRun
 from replayable.capture.runtime import (
     Session,
@@ -74,6 +75,8 @@ class Recording(Session):
         max_block_s: float | None = None,
         spool_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        # Importing an entry module for replay must not start a live recording.
+        refuse_live("replayable.recording()")
         if durability not in ("buffered", "durable"):
             raise ConfigurationError(
                 f"durability must be 'buffered' or 'durable', not {durability!r}"

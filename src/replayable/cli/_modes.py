@@ -19,14 +19,19 @@ from replayable.cli._overrides import check_overrides
 from replayable.cli._replay import agent_paths
 from replayable.cli.render import event_parts, status_text
 from replayable.cli.runtree import lineage_rows
-from replayable.errors import ConfigurationError, ReplayDivergenceError
+from replayable.errors import ConfigurationError, ReplayDivergenceError, ReplayError
 from replayable.replay.frames import PausePoint
+from replayable.replay.loading import load_entrypoint
 from replayable.replay.session import ReplayResult
 from replayable.replay.stepper import Stepper, StepperShell
 
 __all__ = ["parse_overrides", "pause_view", "replay", "step"]
 
 _OK = frozenset({"identical", "completed", "paused"})
+#: ``replayable replay`` exit codes: 0 identical (or completed, paused), 1 diverged or
+#: failed, 2 usage or input error, 3 the replay could not start (the entry module is
+#: missing, failed to import or ran live code at import, or the record was refused).
+EXIT_NOT_STARTED = 3
 
 
 def _s(items: Any) -> str:
@@ -195,14 +200,26 @@ def replay(
             help="A guarded side effect with a new request: stop, or serve the recorded response.",
         ),
     ] = "stop",
+    entry: Annotated[
+        str | None,
+        typer.Option(
+            "--entry",
+            metavar="MODULE:FUNCTION",
+            help="The workflow function to call instead of the recorded entrypoint.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Re-execute a recorded run: exactly, up to a step, forked at a step, or counterfactually.
 
-    Exit 0 when identical, completed or paused; 1 when diverged or failed.
+    Exit 0 when identical, completed or paused; 1 when diverged or failed; 2 for a
+    usage or input error; 3 when the replay could not start (its entry module is
+    missing, fails to import or runs live code at import, or the record is refused).
     A fork or counterfactual replay records a new run whose lineage names
     this one. The run's entrypoint is imported by name, so run this from the
-    directory the agent was recorded in (it is put on the import path).
+    directory the agent was recorded in (it is put on the import path); only a
+    ``@replayable.workflow`` from an allowed module is called (``[tool.replayable]
+    entrypoints``), or the function ``--entry`` names.
     """
     overrides = parse_overrides(override or [])
     if stop_at is not None and (fork_at is not None or overrides or live):
@@ -215,9 +232,11 @@ def replay(
     overrides = check_overrides(store, run_id, overrides)
     agent_paths()
     try:
+        fn = load_entrypoint(store.run(run_id), entry) if entry else None
         result = replayable.replay(
             run_id,
             store=store,
+            fn=fn,
             strict=strict,
             stop_at=stop_at,
             fork_at=fork_at,
@@ -227,6 +246,10 @@ def replay(
             children=cast(Literal["tape", "live"], children),
             on_side_effect=cast(Literal["stop", "recorded"], on_side_effect),
         )
+    except ReplayError as exc:
+        # One line and its own exit code: the replay never started.
+        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(EXIT_NOT_STARTED) from None
     except ReplayDivergenceError as exc:
         if as_json:
             typer.echo(

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -20,65 +18,19 @@ from replayable.capture.context import _STATE, Lineage, State
 from replayable.capture.runtime import WorkflowInfo, encode_output, intercept_http
 from replayable.errors import (
     ConfigurationError,
-    EntrypointNotFoundError,
     ReplayDivergenceError,
+    UntrustedRecordError,
 )
-from replayable.events.codec import decode_tree, resolve_name
+from replayable.events.codec import decode_tree
 from replayable.events.model import BOUNDARY_KINDS, Event, Run
 from replayable.replay.divergence import Divergence, FieldDiff, field_diff
 from replayable.replay.frames import PausePoint, capture_stack
 from replayable.replay.live import LiveSession, Policy
+from replayable.replay.loading import check_records, load_entrypoint
 from replayable.replay.session import ReplayResult, ReplaySession, ReplayStatus, Served, Stop
 from replayable.store import EventStore, open_store
 
 __all__ = ["execute_session", "load_entrypoint", "prepare", "replay"]
-
-
-def load_entrypoint(run: Run) -> Callable[..., Any]:
-    """Import the run's recorded ``module:qualname`` (the current directory is importable;
-    a script recorded as ``__main__`` is loaded from its file)."""
-    entry = run.start.entrypoint
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    module_name, _, qualname = entry.partition(":")
-    try:
-        target: Any
-        if module_name == "__main__":
-            target = sys.modules["__main__"]
-            for part in qualname.split("."):
-                target = getattr(target, part)
-        else:
-            target = resolve_name(entry)
-    except (ImportError, AttributeError, KeyError) as exc:
-        file = run.start.code.get("file")
-        target = _from_file(file, qualname) if file else None
-        if target is None:
-            raise EntrypointNotFoundError(
-                f"cannot import the entrypoint {entry!r} of run {run.run_id}: {exc}; "
-                "run from the project's directory or pass fn= to replay()"
-            ) from None
-    if not callable(target):
-        raise EntrypointNotFoundError(f"entrypoint {entry!r} is not callable")
-    return target  # type: ignore[no-any-return]
-
-
-def _from_file(file: str, qualname: str) -> Callable[..., Any] | None:
-    import importlib.util
-
-    path = Path(file)
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location(f"_replayable_entry_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj if callable(obj) else None
 
 
 def _run_coroutine(make: Callable[[], Awaitable[Any]]) -> Any:
@@ -228,6 +180,11 @@ def replay(
                     + ", ".join(sorted(n for n in known if n not in _KINDS)[:20])
                 )
 
+    # A stored record is data: refuse a tape naming classes decoding would not build
+    # before the agent's code (or any import) runs.
+    check_records(run, events)
+    for child in st.children(run.run_id):
+        check_records(child, st.events(child.run_id))
     wf, args, kwargs = prepare(run, fn)
 
     session: ReplaySession | LiveSession
@@ -307,7 +264,10 @@ def prepare(
     """The entrypoint to call and the recorded input to call it with."""
     target = fn or load_entrypoint(run)
     intercept_http()
-    inputs = decode_tree(orjson.loads(run.start.input))
+    try:
+        inputs = decode_tree(orjson.loads(run.start.input))
+    except UntrustedRecordError as exc:
+        raise exc.located(run.run_id, None) from None
     wf = workflow_info(target) or WorkflowInfo(
         name=run.workflow,
         entrypoint=run.start.entrypoint,

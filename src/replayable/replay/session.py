@@ -20,7 +20,7 @@ from replayable.capture.runtime import (
     Session,
     WorkflowInfo,
 )
-from replayable.errors import ReplayError
+from replayable.errors import ReplayError, UntrustedRecordError
 from replayable.events.canonical import fingerprint
 from replayable.events.codec import (
     UnencodableError,
@@ -128,7 +128,10 @@ def served_value(ev: Event) -> Any:
     """The recorded outcome of ``ev``: its value, or its exception raised."""
     if ev.error is not None:
         raise decode_error(ev.error)
-    return decode_value(ev.response, ev.encoding)
+    try:
+        return decode_value(ev.response, ev.encoding)
+    except UntrustedRecordError as exc:
+        raise exc.located(ev.run_id, ev.seq) from None
 
 
 async def _served_async(ev: Event) -> Any:
