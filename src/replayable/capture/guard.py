@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from replayable.capture.context import _STATE, Lineage, State
 from replayable.capture.runtime import (
+    Call,
     DeferredRequest,
     OpenCall,
     RunContext,
@@ -75,35 +76,11 @@ class _GuardRun(RunContext):
     def __init__(self, guard: Guard) -> None:
         self.guard = guard
 
-    def call(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
-        raise self.guard.refuse(_what(kind, name, side_effect))
+    def call(self, st: State, call: Call) -> Any:
+        raise self.guard.refuse(_what(call.kind, call.name, call.side_effect))
 
-    async def acall(
-        self,
-        st: State,
-        kind: str,
-        name: str,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        request: Any,
-        side_effect: bool,
-        meta: dict[str, Any] | None,
-        site: str | None,
-    ) -> Any:
-        raise self.guard.refuse(_what(kind, name, side_effect))
+    async def acall(self, st: State, call: Call) -> Any:
+        raise self.guard.refuse(_what(call.kind, call.name, call.side_effect))
 
     def subrun(
         self, st: State, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
