@@ -178,3 +178,15 @@ def test_the_same_call_from_another_task_position_is_named_as_such(
     assert recorded.key in headline
     assert div.actual.key in headline
     assert "nearest" not in div.message
+
+
+def test_diff_shows_the_words_that_changed_in_a_long_prompt(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``diff``'s first divergence is cut around the change too."""
+    first = _record(store, prompted, "weather in Oslo")
+    monkeypatch.setitem(SETTINGS, "prompt", PROMPT + " Always answer in French.")
+    second = _record(store, prompted, "weather in Oslo")
+    d = replayable.diff(first, second, store=store)
+    assert d.first is not None
+    assert "Always answer in French." in d.first.describe(), d.first.describe()

@@ -79,3 +79,11 @@ def test_each_llm_turn_names_its_tools_and_hashes_their_schemas(
     d = replayable.diff(first, second, store=store)
     assert d.first is not None
     assert d.first.describe().endswith("the schema of tool get_weather changed"), d.first
+
+    provider.stop()
+    result = replayable.replay(first, store=store, fn=agent)
+    div = result.divergence
+    assert div is not None
+    assert (div.reason, div.step) == ("request_changed", 1)
+    assert div.changed_tools == ["get_weather"]
+    assert "  the schema of tool get_weather changed" in div.message.splitlines()

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import orjson
 
+from replayable._text import changed_pair
 from replayable.diff.align import align
 from replayable.diff.compare import RANK_ORDER, Comparer, FieldChange
 from replayable.diff.context import describe_change, run_context_changes, step_context_changes
@@ -84,10 +85,9 @@ class FirstDivergence:
             return f"{steps}: {self.kind} {self.name} only in the first run"
         if self.status == "different_call":
             return f"{steps}: different calls ({self.old} vs {self.new})"
-        return (
-            f"{steps}: {self.kind} {self.name}: {self.field} changed from "
-            f"{_short(self.old)} to {_short(self.new)} ({self.rank})"
-        )
+        old, new = changed_pair(self.old, self.new, _short, width=60)
+        what = f"{self.kind} {self.name}: {self.field}"
+        return f"{steps}: {what} changed from {old} to {new} ({self.rank})"
 
     def to_dict(self) -> dict[str, Any]:
         return {

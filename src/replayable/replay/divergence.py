@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import msgspec
 import orjson
 
+from replayable._text import changed_pair
 from replayable.events.model import Event
 
 __all__ = ["ActualCall", "Divergence", "DivergenceReason", "FieldDiff", "field_diff"]
@@ -21,6 +23,7 @@ DivergenceReason = Literal[
 ]
 
 _MISSING = "<missing>"
+_TOOL_PATH = re.compile(r"(?:^|\.)tools\[(\d+)\]")
 
 
 class FieldDiff(msgspec.Struct, frozen=True):
@@ -86,16 +89,34 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
         if self.diff:
             lines.append("  fields that differ:")
             for d in self.diff[:10]:
-                old, new = _changed(d.expected, d.actual)
+                old, new = changed_pair(d.expected, d.actual, _short)
                 lines.append(f"    {d.path or '(value)'}: recorded {old}, now {new}")
             if len(self.diff) > 10:
                 lines.append(f"    … and {len(self.diff) - 10} more")
+        for tool in self.changed_tools:
+            lines.append(f"  the schema of tool {tool} changed")
         if self.unasked:
             seqs = ", ".join(str(s) for s in self.unasked[:10])
             lines.append(
                 f"  recorded steps never asked: {seqs}" + (" …" if len(self.unasked) > 10 else "")
             )
         return "\n".join(lines)
+
+    @property
+    def changed_tools(self) -> list[str]:
+        """The tools offered to the model whose definition differs, by name (a model call
+        whose field diff reaches into its ``tools``)."""
+        names = self.expected.metadata.get("tools") if self.expected is not None else None
+        if not isinstance(names, list):
+            return []
+        out: list[str] = []
+        for d in self.diff:
+            m = _TOOL_PATH.search(d.path)
+            if m is not None and int(m.group(1)) < len(names):
+                name = str(names[int(m.group(1))])
+                if name not in out:
+                    out.append(name)
+        return out
 
     def _headline(self) -> str:
         at = f"step {self.step}" if self.step is not None else "the end of the run"
@@ -151,34 +172,6 @@ def _site(user: str | None, library: str | None) -> str | None:
     if user and library and user != library:
         return f"{user}  (in {library})"
     return user or library
-
-
-def _changed(expected: Any, actual: Any, context: int = 30, limit: int = 160) -> tuple[str, str]:
-    """Both sides of a changed field, short. Two long strings are cut around the part
-    that differs (with ``context`` characters either side), so the changed words show
-    however long the shared beginning is."""
-    if not (isinstance(expected, str) and isinstance(actual, str)) or (
-        len(repr(expected)) <= 80 and len(repr(actual)) <= 80
-    ):
-        return _short(expected), _short(actual)
-    prefix = 0
-    most = min(len(expected), len(actual))
-    while prefix < most and expected[prefix] == actual[prefix]:
-        prefix += 1
-    suffix = 0
-    while suffix < most - prefix and expected[-1 - suffix] == actual[-1 - suffix]:
-        suffix += 1
-    start = max(0, prefix - context)
-
-    def cut(text: str) -> str:
-        stop = min(len(text), len(text) - suffix + context)
-        middle = text[start:stop]
-        if len(middle) > limit:  # a long rewrite: its start and its end
-            half = limit // 2
-            middle = middle[:half] + "…" + middle[-half:]
-        return ("…" if start else "") + repr(middle) + ("…" if stop < len(text) else "")
-
-    return cut(expected), cut(actual)
 
 
 def field_diff(expected: Any, actual: Any, path: str = "") -> list[FieldDiff]:
