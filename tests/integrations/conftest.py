@@ -14,9 +14,13 @@ from tests.integrations.servers import FakeProvider
 
 @pytest.fixture
 def provider() -> Iterator[FakeProvider]:
-    """A fake OpenAI/Anthropic server on 127.0.0.1, stopped after the test."""
+    """A fake OpenAI/Anthropic server on 127.0.0.1, stopped after the test.
+
+    Nothing may reach it during a pure replay: the test fails if anything did.
+    """
     with FakeProvider() as p:
         yield p
+    assert p.replay_hits == [], f"pure replays reached the model server: {p.replay_hits}"
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ text>"``. Streaming responses send one server-sent event per HTTP chunk
 (chunked transfer encoding, keep-alive), so clients see real chunk
 boundaries. ``fail_next`` makes the next requests fail with those statuses
 (for retry tests); ``chunks`` (or a model named ``chunks-<n>``) fixes how many
-text chunks an answer has.
+text chunks an answer has. ``replay_hits`` lists the requests that arrived
+while a pure replay was running in this process: there must be none.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         provider = self.server.provider
+        provider.note_hit(self.path)
         body = orjson.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
         provider.requests.append(
             {
@@ -108,6 +110,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"no route {self.path}"}})
 
     def do_GET(self) -> None:
+        self.server.provider.note_hit(self.path)
         if self.path.split("?")[0].endswith("/models"):
             self._json(
                 200,
@@ -462,11 +465,19 @@ class FakeProvider:
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        #: Paths requested while a pure replay was running in this process (should be none).
+        self.replay_hits: list[str] = []
         self.fail_next: list[int] = []
         self.chunks: int | None = None
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
+
+    def note_hit(self, path: str) -> None:
+        from replayable.capture.network import pure_replays_active
+
+        if pure_replays_active():
+            self.replay_hits.append(path)
 
     @property
     def url(self) -> str:

@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar, overload
 
 from replayable.capture.context import _STATE, State, install_task_factory
-from replayable.capture.runtime import Call, WorkflowInfo, call_site
 
 __all__ = [
     "asleep",
@@ -62,6 +61,8 @@ def workflow(
         return workflow(None)(name)
 
     def decorate(fn: F) -> F:
+        # From here on, HTTP clients and SDKs are intercepted whenever they are imported.
+        intercept_http()
         wf = WorkflowInfo(
             name=name or fn.__qualname__,
             entrypoint=f"{fn.__module__}:{fn.__qualname__}",

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from replayable.capture.context import _STATE, State
+from replayable.capture.network import Connection, warn_gap
 from replayable.capture.runtime import (
     Call,
     DeferredRequest,
@@ -366,6 +367,34 @@ class RecordRun(RunContext):
             None,
         )
         return seq
+
+    def outbound(self, st: State, conn: Connection) -> None:
+        """Note a connection no boundary captured as a ``gap`` event, and warn once per site.
+
+        A gap takes a seq but no causal position (like a span): replay matching
+        never looks for it, and the hash chain covers it like any event.
+        """
+        self.gap(st, conn)
+        warn_gap(conn)
+
+    def gap(self, st: State, conn: Connection) -> None:
+        """Hand the ``gap`` event of ``conn`` to the writer."""
+        self.emit(
+            next(self._seq),
+            "gap",
+            conn.address,
+            None,
+            st.parent,
+            conn.site,
+            encode_request(conn.request()),
+            None,
+            False,
+            None,
+            False,
+            time.time(),
+            0,
+            None,
+        )
 
     # -- child runs -----------------------------------------------------------
 

@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
@@ -26,6 +26,9 @@ from replayable.events.codec import (
     to_tree,
 )
 from replayable.events.ids import uuid7
+
+if TYPE_CHECKING:
+    from replayable.capture.network import Connection
 
 __all__ = [
     "Call",
@@ -138,6 +141,15 @@ class RunContext(ABC):
         """Open a span; returns the seq that nested events name as their parent."""
         return st.parent
 
+    def outbound(self, st: State, conn: Connection) -> None:
+        """A network connection opened inside this run but outside every boundary.
+
+        Called by the network guard before the connection is made: a recording
+        notes it as a gap, a pure replay refuses it (by raising its stop). The
+        base lets it through.
+        """
+        return None
+
     @abstractmethod
     def begin(
         self,
@@ -229,12 +241,19 @@ class DeferredRequest(Protocol):
 
 
 def intercept_http() -> None:
-    """Route the HTTP clients already imported (httpx, httpx2 and the SDKs on them)
-    through the recording seam; it acts only while a run is active."""
-    if "httpx2" in sys.modules or "httpx" in sys.modules:
-        from replayable.integrations.http import install
+    """Route HTTP clients through the recording seam and watch for unseen connections.
 
-        install()
+    The HTTP libraries and SDKs already imported are patched now, and those
+    imported later (inside a workflow, in a thread, at any time) the moment
+    their module is loaded; the patches act only while a run is active. The
+    network guard (:mod:`replayable.capture.network`) goes on ``socket``.
+    Idempotent and cheap: recordings and replays call it when they start.
+    """
+    from replayable.capture import network
+    from replayable.integrations.http import install
+
+    install()
+    network.install()
 
 
 def call_site(depth: int) -> str | None:

@@ -121,6 +121,7 @@ def show(
         _print_json(
             {
                 "run": run_to_dict(record, event_count=len(events), detail=True, children=children),
+                "fully_captured": not any(e.kind == "gap" for e in events),
                 "events": [event_to_dict(e) for e in events],
                 "tree": tree_to_dict(store, root_run(store, record)),
                 "annotations": [annotation_to_dict(a, notes) for a in notes.history],
@@ -128,7 +129,7 @@ def show(
         )
         return
     console = whole_stdout()
-    console.print(run_header(record, children, whole=piped()))
+    console.print(run_header(record, children, events, whole=piped()))
     console.print()
     tree = run_tree(store, record)
     if tree is not None:

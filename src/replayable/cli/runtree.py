@@ -20,7 +20,7 @@ from replayable.cli.render import (
     status_text,
     type_name,
 )
-from replayable.events.model import Run
+from replayable.events.model import Event, Run
 from replayable.store import EventStore
 
 __all__ = ["lineage_rows", "root_run", "run_header", "run_tree", "tree_to_dict"]
@@ -33,8 +33,11 @@ _MAX_DEPTH: Final = 32
 _WHOLE: Final = 1 << 30
 
 
-def run_header(run: Run, children: Sequence[Run] = (), *, whole: bool = False) -> Table:
-    """Key facts about a run as a two-column grid, lineage included.
+def run_header(
+    run: Run, children: Sequence[Run] = (), events: Sequence[Event] = (), *, whole: bool = False
+) -> Table:
+    """Key facts about a run as a two-column grid, lineage included; with the run's
+    ``events``, whether it was fully captured.
 
     ``whole`` shows input, output, metadata and code in full (for output that
     is not a terminal); otherwise they are shortened to fit a screen.
@@ -48,6 +51,18 @@ def run_header(run: Run, children: Sequence[Run] = (), *, whole: bool = False) -
     grid.add_row("workflow", s.workflow)
     grid.add_row("entrypoint", s.entrypoint)
     grid.add_row("status", status_text(run.status))
+    gaps = [e for e in events if e.kind == "gap"]
+    if gaps:
+        addresses = sorted({e.name for e in gaps})
+        shown = ", ".join(addresses[:3]) + (" …" if len(addresses) > 3 else "")
+        grid.add_row(
+            "capture",
+            Text(
+                f"not fully captured: {len(gaps)} connection{'' if len(gaps) == 1 else 's'} "
+                f"outside any boundary ({shown}); see the gap events",
+                style="bold yellow",
+            ),
+        )
     grid.add_row("started", format_time(s.started_at))
     if run.ended_at is not None:
         grid.add_row(

@@ -27,7 +27,9 @@ __all__ = [
 #: Version of the event and run record layout. Bump it with an upcaster.
 SCHEMA_VERSION: Final = 1
 
-#: The places where the outside world enters an agent.
+#: The places where the outside world enters an agent. ``span`` groups events;
+#: ``gap`` notes a network connection no boundary captured (host, port, call site).
+#: Neither has a causal key: replay never matches them.
 BOUNDARY_KINDS: Final = (
     "llm",
     "tool",
@@ -42,6 +44,7 @@ BOUNDARY_KINDS: Final = (
     "state_write",
     "subrun",
     "span",
+    "gap",
 )
 
 RunStatus = Literal["completed", "failed", "incomplete"]

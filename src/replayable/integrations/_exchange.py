@@ -35,6 +35,7 @@ __all__ = [
     "is_stream",
     "pairs",
     "prepare",
+    "prepare_parts",
     "read_head",
     "retryable",
 ]
@@ -78,6 +79,12 @@ _FOREIGN = (
     "openai",
     "anthropic",
     "litellm",
+    "urllib3",
+    "requests",
+    "aiohttp",
+    "http.client",
+    "socket",
+    "ssl",
     "replayable.integrations",
     "asyncio",
     "anyio",
@@ -231,17 +238,26 @@ def prepare(request: Any, body: bytes, transport: str) -> Exchange:
     body and describing an LLM call wait for :func:`build_request`.
     """
     url = request.url
-    method: str = request.method
     raw_path, _, query = url.raw_path.partition(b"?")
-    headers = _request_headers(request.headers)
+    return prepare_parts(
+        transport, url.host, request.method, raw_path, query, request.headers, body
+    )
+
+
+def prepare_parts(
+    transport: str, host: str, method: str, raw_path: bytes, query: bytes, headers: Any, body: bytes
+) -> Exchange:
+    """:func:`prepare` from a request's parts; ``headers`` is an httpx header list or
+    anything with ``raw`` ``(name, value)`` byte pairs."""
+    kept = _request_headers(headers)
     # Anthropic's wire format is told apart by its headers, and only on a POST to .../messages.
     anthropic = (
         method == "POST"
         and raw_path.endswith(b"/messages")
-        and ("anthropic-version" in headers or _anthropic_agent(request.headers))
+        and ("anthropic-version" in kept or _anthropic_agent(headers))
     )
     kind, name, provider, path = _route(method, raw_path, anthropic)
-    return Exchange(kind, name, (transport, url.host, method, path, query, headers, body, provider))
+    return Exchange(kind, name, (transport, host, method, path, query, kept, body, provider))
 
 
 def build_request(kind: str, name: str, raw: Any) -> tuple[dict[str, Any], dict[str, Any]]:

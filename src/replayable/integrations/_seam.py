@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from replayable.capture.context import State
+from replayable.capture.context import _STATE, State
 from replayable.capture.runtime import OpenCall
 from replayable.integrations._build import finish
 from replayable.integrations._exchange import (
@@ -169,11 +169,16 @@ class Flavor:
         call = scope.attach(st, ex) if scope is not None else begin(st, ex)
         if not call.live:
             return self.served(call, request)
+        # The transport beneath runs as no run's: its connections are this boundary's
+        # (not gaps), and tasks it starts (happy eyeballs) take no ordinal of the agent's.
+        token = _STATE.set(None)
         try:
             resp = send(request)
         except BaseException as exc:
             _settle(call, scope, ex, None, exc, isinstance(exc, self.transport_error))
             raise
+        finally:
+            _STATE.reset(token)
         items, content_type, should_retry = read_head(resp.headers)
         status: int = resp.status_code
         if is_stream(content_type):
@@ -216,11 +221,14 @@ class Flavor:
         call = scope.attach(st, ex) if scope is not None else begin(st, ex)
         if not call.live:
             return self.aserved(call, request)
+        token = _STATE.set(None)
         try:
             resp = await send(request)
         except BaseException as exc:
             _settle(call, scope, ex, None, exc, isinstance(exc, self.transport_error))
             raise
+        finally:
+            _STATE.reset(token)
         items, content_type, should_retry = read_head(resp.headers)
         status: int = resp.status_code
         if is_stream(content_type):

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replayable.capture.context import active_state
+from replayable.capture.imports import when_imported
 from replayable.integrations._exchange import call_site
 from replayable.integrations._seam import SCOPE, RetryScope, flavor
 
@@ -238,29 +239,54 @@ def _patch_stainless(base_client: Any) -> None:
     _patch(base_client.AsyncAPIClient, "_sleep_for_retry", async_sleep)
 
 
-def install(*, force_import: bool = False) -> None:
-    """Intercept the HTTP libraries and SDKs already imported (idempotent and cheap).
+def _on_httpx(hx: Any) -> None:
+    if hasattr(hx, "HTTPTransport") and hasattr(hx, "AsyncHTTPTransport"):
+        _patch_transports(hx)
 
-    Called when a recording or a replay starts. ``force_import`` imports
-    ``httpx2``/``httpx`` (when installed) instead of only patching loaded ones.
+
+def _on_stainless(base_client: Any) -> None:
+    if hasattr(base_client, "SyncAPIClient"):
+        _patch_stainless(base_client)
+
+
+def _on_urllib3(connectionpool: Any) -> None:
+    from replayable.integrations import _urllib3
+
+    _patch(connectionpool.HTTPConnectionPool, "urlopen", _urllib3.wrap_urlopen)
+
+
+#: Each module patched when it is imported (or at once, when it already is).
+_WATCHED: tuple[tuple[str, Callable[[Any], None]], ...] = (
+    ("httpx2", _on_httpx),
+    ("httpx", _on_httpx),
+    ("openai._base_client", _on_stainless),
+    ("anthropic._base_client", _on_stainless),
+    ("urllib3.connectionpool", _on_urllib3),
+)
+
+
+def install(*, force_import: bool = False) -> None:
+    """Intercept the HTTP libraries and SDKs, now or whenever they are imported.
+
+    Idempotent and cheap; recordings and replays call it when they start, and
+    so does the first ``@workflow``. A library imported later (inside the
+    workflow, in a thread) is patched the moment its module is loaded (see
+    :mod:`replayable.capture.imports`): ``httpx2``, ``httpx``, the OpenAI and
+    Anthropic SDKs and ``urllib3`` (and so ``requests``). ``force_import``
+    imports ``httpx2``/``httpx`` (when installed) at once.
     """
-    for name in ("httpx2", "httpx"):
-        hx = sys.modules.get(name)
-        if hx is None and force_import:
+    if force_import:
+        for name in ("httpx2", "httpx"):
             try:
-                hx = importlib.import_module(name)
+                importlib.import_module(name)
             except ImportError:
                 continue
-        if hx is not None and hasattr(hx, "HTTPTransport"):
-            _patch_transports(hx)
-    for sdk in ("openai", "anthropic"):
-        if sdk in sys.modules:
-            try:
-                base_client = importlib.import_module(f"{sdk}._base_client")
-            except ImportError:
-                continue
-            if hasattr(base_client, "SyncAPIClient"):
-                _patch_stainless(base_client)
+    for name, patch in _WATCHED:
+        when_imported(name, patch)
+        # Applied again to a loaded module after :func:`uninstall` (patching twice is a no-op).
+        module = sys.modules.get(name)
+        if module is not None and not getattr(module.__spec__, "_initializing", False):
+            patch(module)
 
 
 def uninstall() -> None:

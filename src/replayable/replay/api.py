@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import sys
 import threading
@@ -15,6 +16,7 @@ import orjson
 from replayable.capture.boundaries import workflow_info
 from replayable.capture.config import settings
 from replayable.capture.context import _STATE, Lineage, State
+from replayable.capture.network import replaying_purely
 from replayable.capture.runtime import WorkflowInfo, encode_output, intercept_http
 from replayable.errors import (
     ConfigurationError,
@@ -25,6 +27,7 @@ from replayable.events.codec import decode_tree
 from replayable.events.model import BOUNDARY_KINDS, Event, Run
 from replayable.replay.divergence import Divergence, FieldDiff, field_diff
 from replayable.replay.frames import PausePoint, capture_stack
+from replayable.replay.keys import placeholder_keys
 from replayable.replay.live import LiveSession, Policy
 from replayable.replay.loading import check_records, load_entrypoint
 from replayable.replay.session import ReplayResult, ReplaySession, ReplayStatus, Served, Stop
@@ -105,6 +108,7 @@ def replay(
     children: Literal["tape", "live"] = "tape",
     on_side_effect: Literal["stop", "recorded"] = "stop",
     metadata: Mapping[str, Any] | None = None,
+    allow_network: bool = False,
 ) -> ReplayResult:
     """Re-execute a recorded run against its tape.
 
@@ -123,6 +127,12 @@ def replay(
     Fork and counterfactual replays are recorded as a new run
     (``result.new_run_id``) whose lineage names the original. With ``strict``
     a divergence raises :class:`~replayable.ReplayDivergenceError`.
+
+    Nothing reaches the network from the parts of a replay served from the
+    tape: a connection opened outside every boundary there stops the replay
+    with the divergence ``unrecorded_io`` (host, port, call site), where the
+    parts that run live let it through. ``allow_network=True`` lets it
+    through everywhere, for the rare agent that needs it.
     """
     st = open_store(store)
     run = st.run(run_id)
@@ -185,43 +195,47 @@ def replay(
     check_records(run, events)
     for child in st.children(run.run_id):
         check_records(child, st.events(child.run_id))
-    wf, args, kwargs = prepare(run, fn)
-
-    session: ReplaySession | LiveSession
     is_live = fork_at is not None or bool(live_set) or children == "live"
-    if is_live:
-        lineage: dict[str, Any] = {"replay_of": run.run_id}
-        if fork_at is not None:
-            lineage.update(
-                forked_from=run.run_id,
-                fork_step=fork_at,
-                mode="fork",
-                overridden=fork_at in overrides,
+    with contextlib.ExitStack() as pure:
+        if not is_live:
+            # Nothing leaves a pure replay: an SDK client built at import needs no real key.
+            pure.enter_context(replaying_purely())
+            pure.enter_context(placeholder_keys())
+        wf, args, kwargs = prepare(run, fn)
+        session: ReplaySession | LiveSession
+        if is_live:
+            lineage: dict[str, Any] = {"replay_of": run.run_id}
+            if fork_at is not None:
+                lineage.update(
+                    forked_from=run.run_id,
+                    fork_step=fork_at,
+                    mode="fork",
+                    overridden=fork_at in overrides,
+                )
+            else:
+                lineage.update(mode="counterfactual", live=sorted(live_set), children=children)
+            session = LiveSession(
+                st,
+                run,
+                events,
+                Policy(
+                    fork_at=fork_at,
+                    overrides=overrides,
+                    live=live_set,
+                    allow_live=allow,
+                    guarded=frozenset(settings.side_effects),
+                    children=children,
+                    on_side_effect=on_side_effect,
+                ),
+                lineage,
+                metadata,
             )
         else:
-            lineage.update(mode="counterfactual", live=sorted(live_set), children=children)
-        session = LiveSession(
-            st,
-            run,
-            events,
-            Policy(
-                fork_at=fork_at,
-                overrides=overrides,
-                live=live_set,
-                allow_live=allow,
-                guarded=frozenset(settings.side_effects),
-                children=children,
-                on_side_effect=on_side_effect,
-            ),
-            lineage,
-            metadata,
-        )
-    else:
-        session = ReplaySession(st, run, events, partial=partial)
-        if stop_at is not None:
-            session.pause_hook = _pause_at(session, stop_at)
-
-    result = execute_session(session, run, wf, args, kwargs)
+            session = ReplaySession(st, run, events, partial=partial)
+            if stop_at is not None:
+                session.pause_hook = _pause_at(session, stop_at)
+        session.allow_network = allow_network
+        result = execute_session(session, run, wf, args, kwargs)
     if strict and result.divergence is not None:
         raise ReplayDivergenceError(result.divergence)
     return result
@@ -248,6 +262,11 @@ def execute_session(
         pass
     except Exception as exc:
         error = exc
+    except BaseException as exc:
+        # A stop raised beneath a task group (a refused connection in a happy-eyeballs
+        # task) comes back wrapped; the session holds the reason either way.
+        if not _stopped_by(session, exc):
+            raise
     finally:
         _STATE.reset(token)
         if isinstance(session, LiveSession):
@@ -258,12 +277,23 @@ def execute_session(
     return _judge(session, run, output, error, duration)
 
 
+def _stopped_by(session: Served, exc: BaseException) -> bool:
+    """Whether ``exc`` is (or wraps nothing but) the session's own stop."""
+    if session.stopped is None:
+        return False
+    if isinstance(exc, BaseExceptionGroup):
+        rest = exc.split(Stop)[1]
+        return rest is None
+    return exc is session.stopped
+
+
 def prepare(
     run: Run, fn: Callable[..., Any] | None
 ) -> tuple[WorkflowInfo, tuple[Any, ...], dict[str, Any]]:
     """The entrypoint to call and the recorded input to call it with."""
-    target = fn or load_entrypoint(run)
+    # Before the entry module is imported: the SDKs it imports are patched as they load.
     intercept_http()
+    target = fn or load_entrypoint(run)
     try:
         inputs = decode_tree(orjson.loads(run.start.input))
     except UntrustedRecordError as exc:
@@ -277,7 +307,7 @@ def prepare(
     return wf, tuple(inputs["args"]), dict(inputs["kwargs"])
 
 
-_KINDS = frozenset(BOUNDARY_KINDS) - {"span"}
+_KINDS = frozenset(BOUNDARY_KINDS) - {"span", "gap"}
 
 
 def _pause_at(session: Served, step: int) -> Callable[[Event], None]:

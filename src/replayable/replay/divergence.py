@@ -20,6 +20,7 @@ DivergenceReason = Literal[
     "calls_not_asked",
     "output_changed",
     "side_effect_blocked",
+    "unrecorded_io",
 ]
 
 _MISSING = "<missing>"
@@ -142,6 +143,13 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
                 f"replay stopped at {at}: side effect blocked — "
                 f"{self.actual.name if self.actual else 'a tool'} would change the world "
                 "with a request the recording does not hold (name it in allow_live to run it)"
+            )
+        if self.reason == "unrecorded_io":
+            where = self.actual.name if self.actual else "the network"
+            return (
+                f"replay stopped at {at}: the code opened a connection to {where} that the "
+                "recording does not hold; nothing reaches the network in a pure replay "
+                "(record the call through a boundary, or pass allow_network=True)"
             )
         if self.reason == "calls_not_asked":
             return f"replay diverged at {at}: recorded calls were never asked for"

@@ -19,6 +19,7 @@ import msgspec
 
 from replayable.capture.config import settings
 from replayable.capture.context import State
+from replayable.capture.network import Connection, unguarded
 from replayable.capture.record import RecordingCall, RecordRun
 from replayable.capture.recording import Recording
 from replayable.capture.runtime import Call, OpenCall, RunContext, WorkflowInfo
@@ -33,6 +34,7 @@ from replayable.replay.session import (
     execute_replay,
     explain,
     served_value,
+    unrecorded_io,
 )
 from replayable.replay.tape import Tape
 from replayable.store import EventStore
@@ -175,6 +177,16 @@ class LiveReplayRun(RecordRun):
         if same_call and ev is not None:
             tape.take(ev)  # the live call stands where the recorded one stood
         return _Decision("live", seq, key, req, ev)
+
+    def outbound(self, st: State, conn: Connection) -> None:
+        """Allowed (and noted as a gap) where this replay runs live, refused elsewhere."""
+        session = self.session
+        live = self.mode == "live" or (self.mode == "fork_target" and session.fork_reached)
+        if not live and not session.allow_network:
+            raise session.stop(
+                unrecorded_io(self.original_run_id or session.original.run_id, self.tape, conn)
+            )
+        super().outbound(st, conn)
 
     # -- answering ----------------------------------------------------------------
 
@@ -321,7 +333,8 @@ class LiveReplayRun(RecordRun):
             return d, ("replay", session.load(recorded_child))
         if d.action in ("override", "blocked"):
             return d, ("answer", None)
-        tape = Tape(session.store.events(recorded_child) if recorded_child else ())
+        with unguarded():
+            tape = Tape(session.store.events(recorded_child) if recorded_child else ())
         mode: RunMode = (
             "frozen"
             if (

@@ -13,6 +13,7 @@ import orjson
 
 from replayable.capture.config import settings
 from replayable.capture.context import _STATE, Lineage, State, install_task_factory
+from replayable.capture.network import Connection, unguarded
 from replayable.capture.runtime import (
     Call,
     OpenCall,
@@ -44,6 +45,7 @@ __all__ = [
     "execute_replay",
     "explain",
     "request_fingerprint",
+    "unrecorded_io",
 ]
 
 ReplayStatus = Literal["identical", "diverged", "failed", "incomplete", "paused", "completed"]
@@ -146,9 +148,12 @@ class Served:
     stopped: Stop | None
     pause_hook: Callable[[Event], None] | None
     until_seq: int | None
+    #: Let connections made outside every boundary through (``replay(allow_network=True)``).
+    allow_network: bool
 
     def _init_served(self, store: EventStore) -> None:
         self.store = store
+        self.allow_network = False
         self.events_served = 0
         self.stopped = None
         self.pause_hook = None
@@ -168,7 +173,8 @@ class Served:
 
     def load(self, run_id: str) -> ReplayRun:
         """A pure replay of a child run from its own tape."""
-        return ReplayRun(self, self.store.get_run(run_id), self.store.events(run_id))
+        with unguarded():
+            return ReplayRun(self, self.store.get_run(run_id), self.store.events(run_id))
 
 
 class ReplayRun(RunContext):
@@ -190,7 +196,8 @@ class ReplayRun(RunContext):
         tape = self.tape
         ev = tape.at(key)
         if ev is None and self.partial:
-            tape.extend(self.session.store.events(self.run_id))
+            with unguarded():
+                tape.extend(self.session.store.events(self.run_id))
             self.partial = False
             ev = tape.at(key)
         req, fp = request_fingerprint(kind, name, request, ev)
@@ -219,6 +226,12 @@ class ReplayRun(RunContext):
             user_site=user_site(origin=st.origin),
         )
         raise self.session.stop(self.divergence(ev, actual))
+
+    def outbound(self, st: State, conn: Connection) -> None:
+        """A pure replay reaches no network: the connection stops the replay."""
+        if self.session.allow_network:
+            return
+        raise self.session.stop(unrecorded_io(self.run_id, self.tape, conn))
 
     def divergence(self, ev: Event | None, actual: ActualCall) -> Divergence:
         """Explain why ``actual`` does not match ``ev`` (the event at its position, if any)."""
@@ -267,7 +280,8 @@ class ReplayRun(RunContext):
     def finish(self) -> None:
         """After the run's code returned: every recorded call must have been asked."""
         if self.partial:
-            self.tape.extend(self.session.store.events(self.run_id))
+            with unguarded():
+                self.tape.extend(self.session.store.events(self.run_id))
             self.partial = False
         unasked = self.tape.unasked()
         if unasked and self.session.stopped is None:
@@ -281,6 +295,23 @@ class ReplayRun(RunContext):
                     unasked=[e.seq for e in unasked],
                 )
             )
+
+
+def unrecorded_io(run_id: str, tape: Tape, conn: Connection) -> Divergence:
+    """The divergence of a connection the recording does not hold (host, port, call site)."""
+    unasked = tape.unasked()
+    step = unasked[0].seq if unasked else (tape.events[-1].seq + 1 if tape.events else 1)
+    actual = ActualCall(
+        kind="connect",
+        name=conn.address,
+        key=None,
+        request=conn.request(),
+        fingerprint="",
+        call_site=conn.site,
+    )
+    return Divergence(
+        reason="unrecorded_io", run_id=run_id, step=step, actual=actual, call_site=conn.site
+    )
 
 
 def explain(tape: Tape, run_id: str, ev: Event | None, actual: ActualCall) -> Divergence:
