@@ -22,11 +22,6 @@ pytestmark = [
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 example = load_example("openai_agents_sdk")
 
-TASK_ORDINALS = (
-    "an async workflow whose first SDK call opens a connection numbers the transport's "
-    "own task in the agent's lineage, so the tool's ordinal shifts on replay (issue 10 §4)"
-)
-
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
 def test_run_sync(
@@ -55,7 +50,6 @@ def test_run_sync(
     assert events[1].request_value() == {"city": "Lisbon", "units": "metric"}
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=TASK_ORDINALS)
 def test_runner_run(
     provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -74,7 +68,6 @@ def test_runner_run(
     )
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=TASK_ORDINALS)
 def test_run_streamed(
     provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,12 +57,6 @@ def test_run_async(
     _check(example.aask, provider, store, monkeypatch)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the transport's connection task takes an ordinal in the agent's lineage "
-    "while recording, so the streamed run's tool shifts on replay (issue 10 §4)",
-)
 def test_run_stream(
     provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -107,3 +107,36 @@ def test_pool_warmed_before_the_recording(provider: FakeProvider, store: MemoryS
     assert result.status == "identical", result.divergence
     assert result.output == out
     assert len(provider.requests) == hits
+
+
+class _LeftOpen:
+    """Like an SDK client nobody closed: its finalizer schedules the close as a task."""
+
+    def __del__(self) -> None:
+        asyncio.get_running_loop().create_task(asyncio.sleep(0))
+
+
+def test_task_from_a_finalizer_takes_no_ordinal(store: MemoryStore) -> None:
+    """Garbage collected while recording only: the agent's next task keeps its position."""
+    collect = [True]
+
+    @replayable.workflow("finalizer_agent")
+    async def finalizer_agent() -> list[str]:
+        if collect[0]:
+            leftover = _LeftOpen()
+            del leftover  # collected here, while recording, and not on replay
+        first = await asyncio.create_task(lookup("Oslo"))
+        return [first, await asyncio.create_task(lookup("Rome"))]
+
+    async def record() -> list[str]:
+        async with replayable.recording(store):
+            out: list[str] = await finalizer_agent()
+        return out
+
+    out = asyncio.run(record())
+    (run_id,) = [r.run_id for r in store.list_runs()]
+    assert [e.key for e in store.events(run_id)] == ["r.0:0", "r.1:0"]
+    collect[0] = False
+    result = replayable.replay(run_id, store=store, fn=finalizer_agent)
+    assert result.status == "identical", result.divergence
+    assert result.output == out

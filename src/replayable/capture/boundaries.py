@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar, overload
 
 from replayable.capture.context import _STATE, State, install_task_factory
+from replayable.capture.runtime import Call, WorkflowInfo, call_site, intercept_http
 
 __all__ = [
     "asleep",

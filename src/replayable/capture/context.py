@@ -121,6 +121,15 @@ class ContextThreadPoolExecutor(ThreadPoolExecutor):
         return super().submit(carry(fn), *args, **kwargs)
 
 
+def _in_finalizer(frame: types.FrameType | None, depth: int = 4) -> bool:
+    """Whether one of the ``depth`` innermost frames is a ``__del__`` method."""
+    while frame is not None and depth:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
+
+
 def _task_factory(
     previous: Any,
 ) -> Callable[..., asyncio.Future[Any]]:
@@ -133,7 +142,11 @@ def _task_factory(
         context = contextvars.copy_context() if context is None else context.copy()
         st = context.get(_STATE)
         if st is not None and st.run is not None:
-            context.run(_STATE.set, st.child(sys._getframe(1)))
+            origin = sys._getframe(1)
+            # A finalizer runs wherever garbage collection strikes (an SDK client left
+            # open schedules its own close from ``__del__``): its task is no one's, and
+            # must not take an ordinal from whichever agent task happened to be running.
+            context.run(_STATE.set, None if _in_finalizer(origin) else st.child(origin))
         kwargs["context"] = context
         if previous is not None:
             return previous(loop, coro, **kwargs)  # type: ignore[no-any-return]
