@@ -292,3 +292,37 @@ def test_a_snapshot_outside_a_recording_is_just_the_value() -> None:
     assert replayable.snapshot("x", 3) == 3
     assert replayable.snapshot("y", lambda: [1]) == [1]
     assert replayable.prompt("p", 1, "hi {name}", name="Ana") == "hi Ana"
+
+
+async def asearch(query: str) -> list[dict[str, Any]]:
+    STATE["calls"] += 1
+    return [{"doc_id": "a", "relevance_score": 0.5, "rev": 7}]
+
+
+@replayable.tool(kind="retrieval", normalize=lambda docs: [d["doc_id"] for d in docs])
+async def atool_search(query: str) -> list[dict[str, Any]]:
+    return await asearch(query)
+
+
+@replayable.workflow("decisions.async_rag")
+async def async_rag(question: str) -> list[Any]:
+    direct = await replayable.retrieval(asearch, question)
+    return [direct, await atool_search(question)]
+
+
+def test_async_retrievals_replay_as_awaitables(store: Any) -> None:
+    """``retrieval()`` of a coroutine function and an async retrieval tool, on replay too."""
+    import asyncio
+
+    with replayable.recording(store) as rec:
+        out = asyncio.run(async_rag("q"))
+    assert out == [[{"doc_id": "a", "relevance_score": 0.5, "rev": 7}], ["a"]]
+    first, second = store.events(rec.run_ids[0])
+    assert first.metadata["documents"] == [{"id": "a", "score": 0.5, "version": 7}]
+    assert second.metadata["documents"] == first.metadata["documents"]
+    assert second.metadata["normalized"] == ["a"]
+    STATE["calls"] = 0
+    result = replayable.replay(rec.run_ids[0], store=store, fn=async_rag)
+    assert result.status == "identical", result.divergence
+    assert result.output == out
+    assert STATE["calls"] == 0

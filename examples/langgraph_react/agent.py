@@ -99,7 +99,7 @@ def main() -> None:
         run_id = rec.run_ids[0]
         for event in store.events(run_id):
             print(f"  step {event.seq}: {event.kind:<4} {event.name}")
-        step = next(e.seq for e in store.events(run_id) if e.kind == "tool")
+        step = next(e.seq for e in store.events(run_id) if e.name == "lookup_forecast")
         forked = replayable.replay(
             run_id, store=store, fn=ask, fork_at=step, overrides={step: "storm warning"}
         )

@@ -9,6 +9,7 @@ import time
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -257,5 +258,45 @@ def test_interrupt_resume_with_a_checkpointer(provider: FakeProvider, store: Mem
     assert events[0].key != events[1].key
     assert all("__pregel_pull|draft" in str(e.key) for e in events)
     result = replayable.replay(run_id, store=store, fn=approval)
+    assert result.status == "identical", result.divergence
+    assert result.output == out
+
+
+class _Tokens(BaseCallbackHandler):
+    """Collects every token a model streams to its callbacks."""
+
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.append(token)
+
+
+@replayable.workflow
+def streamed_tokens(base_url: str) -> list[str]:
+    handler = _Tokens()
+    model = ChatOpenAI(base_url=base_url, api_key=KEY, model="fake-1", streaming=True)  # type: ignore[arg-type]
+    model.invoke("tokens please", config={"callbacks": [handler]})
+    return handler.tokens
+
+
+@replayable.workflow
+async def astreamed_tokens(base_url: str) -> list[str]:
+    handler = _Tokens()
+    model = ChatOpenAI(base_url=base_url, api_key=KEY, model="fake-1", streaming=True)  # type: ignore[arg-type]
+    await model.ainvoke("tokens please", config={"callbacks": [handler]})
+    return handler.tokens
+
+
+@pytest.mark.parametrize("agent", [streamed_tokens, astreamed_tokens], ids=["sync", "async"])
+def test_a_served_model_call_streams_its_recorded_tokens_to_the_callbacks(
+    agent: Any, provider: FakeProvider, store: MemoryStore
+) -> None:
+    """A callback handler sees the same tokens on replay as live, with the server stopped."""
+    run_id, out = _record(store, agent, provider.url + "/v1")
+    assert "".join(out) == "Answer: tokens please"
+    assert len([t for t in out if t]) == 3
+    provider.stop()
+    result = replayable.replay(run_id, store=store, fn=agent)
     assert result.status == "identical", result.divergence
     assert result.output == out

@@ -218,7 +218,8 @@ def retrieval(fn: Callable[..., R], query: Any, /, *args: Any, **kwargs: Any) ->
     if args:
         request["args"] = list(args)
     request.update(kwargs)
-    return run_described(  # type: ignore[no-any-return]
+    run: Callable[..., Any] = arun_described if inspect.iscoroutinefunction(fn) else run_described
+    return run(  # type: ignore[no-any-return]
         st,
         "retrieval",
         _name_of(fn),
