@@ -253,3 +253,43 @@ def test_stored_value_keeps_order_and_fingerprint_stays_canonical(
     assert event.response == '{"b":1,"a":2}'
     assert event.request == '{"query":{"x":2,"y":1}}'
     assert event.fingerprint == fingerprint("tool", "lookup", event.request.encode())
+
+
+def test_runs_recorded_sorted_before_still_verify_and_replay(
+    sqlite_store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows written as earlier versions wrote them (values in sorted key order) verify
+    intact and replay identical: the chain hashes the stored text, whatever its order."""
+    import orjson
+
+    from replayable.capture import record as record_module
+    from replayable.events import codec
+
+    def sorted_encode(value: Any) -> tuple[bytes, bool]:
+        data, tagged = codec.encode_value(value)
+        return orjson.dumps(orjson.loads(data), option=orjson.OPT_SORT_KEYS), tagged
+
+    @replayable.tool
+    def lookup() -> dict[str, int]:
+        return {"b": 1, "a": 2}
+
+    @replayable.workflow
+    def old_agent() -> dict[str, int]:
+        return lookup()
+
+    monkeypatch.setattr(record_module, "encode_value", sorted_encode)
+    with replayable.recording(sqlite_store) as rec:
+        old_agent()
+    monkeypatch.undo()
+    run_id = rec.run_ids[0]
+    (event,) = sqlite_store.events(run_id)
+    assert event.response == '{"a":2,"b":1}'
+    assert replayable.verify_run(sqlite_store, run_id).ok
+    result = replayable.replay(run_id, store=sqlite_store, fn=old_agent)
+    assert result.status == "identical", result.divergence
+    assert list(result.output) == ["a", "b"]
+    with replayable.recording(sqlite_store) as rec:
+        old_agent()
+    new_run = rec.run_ids[0]
+    assert sqlite_store.events(new_run)[0].response == '{"b":1,"a":2}'
+    assert replayable.verify_run(sqlite_store, new_run).ok

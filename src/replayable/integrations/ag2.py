@@ -144,7 +144,11 @@ def _encode_event(event: BaseEvent) -> dict[str, Any]:
 
 
 def _decode_event(data: dict[str, Any]) -> BaseEvent:
-    cls = resolve_name(data["cls"])
+    cls = resolve_name(data["cls"])  # through the allowlist: nothing else is imported
+    if not (isinstance(cls, type) and issubclass(cls, BaseEvent)):
+        from replayable.errors import UntrustedRecordError
+
+        raise UntrustedRecordError(str(data["cls"]), "an AG2 event", "it is not an AG2 event")
     event: BaseEvent = cls.__new__(cls)
     event.__dict__.update(data["fields"])
     for key, record in (data.get("errors") or {}).items():

@@ -22,6 +22,7 @@ from replayable.capture.context import _STATE
 from replayable.events.model import Event
 from replayable.replay.api import execute_session, prepare
 from replayable.replay.frames import FrameInfo, PausePoint, capture_stack, safe_repr
+from replayable.replay.loading import check_records
 from replayable.replay.session import ReplayResult, ReplaySession
 from replayable.store import EventStore, open_store
 
@@ -71,8 +72,10 @@ class Stepper:
     ) -> None:
         self.store = open_store(store)
         self.run = self.store.run(run_id)
+        events = self.store.events(self.run.run_id)
+        check_records(self.run, events)  # a stored record is data: refused before it runs
         self._wf, self._args, self._kwargs = prepare(self.run, fn)
-        self.session = ReplaySession(self.store, self.run, self.store.events(self.run.run_id))
+        self.session = ReplaySession(self.store, self.run, events)
         self.session.pause_hook = self._hook
         self.breakpoints: list[Breakpoint] = []
         self.current: PausePoint | None = None
