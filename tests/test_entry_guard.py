@@ -200,6 +200,65 @@ def test_top_level_side_effect_tool_is_refused_even_when_caught(
     assert f"{script.resolve()}:" in str(info.value)
 
 
+def test_top_level_sdk_call_outside_a_recording_reaches_no_server(
+    tmp_path: Path, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script that calls the model at its top level (no recording) sends nothing when
+    replay loads it: the HTTP call meets the guard, not the network."""
+    script = tmp_path / "warmup.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import replayable
+            from openai import OpenAI
+
+            @replayable.workflow("warm")
+            def warm() -> str:
+                return "ok"
+
+            try:
+                OpenAI(max_retries=0).chat.completions.create(
+                    model="gpt-4o", messages=[{"role": "user", "content": "warm up"}]
+                )
+            except Exception:
+                pass
+            with replayable.recording():
+                warm()
+            """
+        )
+    )
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": provider.url + "/v1",
+        "OPENAI_API_KEY": "sk-test-not-a-real-key",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+    }
+    env.pop("REPLAYABLE_STORE", None)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    served = len(provider.requests)
+    assert served == 1  # the live warm-up call while recording the script
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OPENAI_BASE_URL", provider.url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    result = CliRunner().invoke(app, ["replay", "--entry", "warmup:warm", _only_run(tmp_path)])
+    assert result.exit_code == 3, result.output
+    assert len(provider.requests) == served
+    assert "openai" in result.output.lower() or "llm" in result.output
+    sys.modules.pop("warmup", None)
+
+
+def _only_run(folder: Path) -> str:
+    store = SQLiteStore(folder / ".replayable" / "runs.db")
+    try:
+        (run,) = store.list_runs()
+        return run.run_id
+    finally:
+        store.close()
+
+
 def test_entry_module_that_fails_to_import_is_one_line_exit_3(
     sqlite_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,6 +26,7 @@ import orjson
 from replayable import allowlist
 from replayable.capture.boundaries import workflow_info
 from replayable.capture.guard import Guard, GuardStop, guarded
+from replayable.capture.runtime import intercept_http
 from replayable.errors import (
     EntryImportError,
     EntrypointNotFoundError,
@@ -175,7 +176,21 @@ def _script(run: Run, name: str, file: str | None, *, trusted: bool) -> ModuleTy
     return _guarded_import(run, str(path), str(path), load)
 
 
+def _seam_first() -> None:
+    """Put the HTTP clients under the seam before the module's top level can use them, so
+    an SDK call there meets the guard instead of the network."""
+    for library in ("httpx2", "httpx"):
+        try:
+            if library not in sys.modules and importlib.util.find_spec(library) is None:
+                continue
+            importlib.import_module(library)
+        except ImportError:
+            continue
+    intercept_http()
+
+
 def _guarded_import(run: Run, label: str, file: str, load: Callable[[], ModuleType]) -> ModuleType:
+    _seam_first()
     guard: Guard
     with guarded(label, file) as guard:
         try:
