@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 from replayable.audit.access import AuditReader, log_access
 from replayable.audit.actor import PERMISSIONS, Actor, require
 from replayable.audit.annotations import AnnotationSet, annotate_run
+from replayable.audit.rules import AnomalyConfig, Finding, Rule, RuleContext, registry, rule
+from replayable.audit.scan import QueueItem, Scanner, ScanResult, anomaly_queue
 from replayable.audit.verify import AnnotationChainReport, verify_annotations
 from replayable.events.audit import (
     CHANNELS,
@@ -44,12 +46,22 @@ __all__ = [
     "Annotation",
     "AnnotationChainReport",
     "AnnotationSet",
+    "AnomalyConfig",
     "AnomalyFlag",
     "AuditReader",
+    "Finding",
+    "QueueItem",
+    "Rule",
+    "RuleContext",
+    "ScanResult",
+    "Scanner",
     "annotate",
     "annotations",
+    "anomaly_queue",
     "log_access",
+    "registry",
     "require",
+    "rule",
     "verify_annotations",
 ]
 

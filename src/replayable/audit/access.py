@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from replayable.audit.actor import Actor, check_channel, require
 from replayable.audit.annotations import AnnotationSet, annotate_run, new_id
 from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag
 from replayable.events.model import Event, Run
 from replayable.store.base import EventStore
+
+if TYPE_CHECKING:
+    from replayable.audit.scan import QueueItem
 
 __all__ = ["AuditReader", "log_access"]
 
@@ -138,6 +142,24 @@ class AuditReader:
         steps = sorted({s for f in found for s in f.steps}) if record is not None else ()
         self._log(("flags",), record, steps)
         return found
+
+    def queue(
+        self, *, open_only: bool = False, rule: str | None = None, run: str | None = None
+    ) -> list[QueueItem]:
+        """The anomaly queue (flags with the annotations closing them), logged."""
+        from replayable.audit.scan import anomaly_queue
+
+        require(self.actor, "read", "read anomaly flags")
+        record = None if run is None else self.store.run(run)
+        items = anomaly_queue(
+            self.store,
+            open_only=open_only,
+            rule=rule,
+            run_id=None if record is None else record.run_id,
+        )
+        steps = sorted({s for i in items for s in i.flag.steps}) if record is not None else ()
+        self._log(("flags",), record, steps)
+        return items
 
     def access_log(
         self,

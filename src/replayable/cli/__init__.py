@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from replayable.cli import anomalies as _anomalies
 from replayable.cli import audit as _audit
 from replayable.cli import db as _db
 from replayable.cli import keys as _keys
@@ -67,6 +68,7 @@ app.command("verify")(verify)
 _db.register(app)
 _audit.register(app)
 _keys.register(app)
+_anomalies.register(app)
 _query.register(app)
 _status.register(app)
 

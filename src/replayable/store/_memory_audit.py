@@ -54,9 +54,17 @@ class MemoryAudit:
         with self._lock:
             return sorted(self._annotations.get(run_id, []), key=lambda a: a.chain_index)
 
-    def closed_flag_ids(self) -> set[str]:
+    def flag_closers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
         with self._lock:
-            return {f for chain in self._annotations.values() for a in chain for f in a.closes}
+            every = sorted(
+                (a for chain in self._annotations.values() for a in chain),
+                key=lambda a: (a.created_at, a.annotation_id),
+            )
+        for a in every:
+            for flag_id in a.closes:
+                out.setdefault(flag_id, a.annotation_id)
+        return out
 
     def append_access(self, entries: Sequence[AccessEntry]) -> None:
         with self._lock:

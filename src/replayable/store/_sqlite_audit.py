@@ -222,9 +222,16 @@ class SQLiteAudit:
         )
         return [annotation_from_row(r) for r in rows]
 
-    def closed_flag_ids(self) -> set[str]:
-        rows = self._query("SELECT closes FROM annotations WHERE closes != '[]'")
-        return {f for (text,) in rows for f in orjson.loads(text)}
+    def flag_closers(self) -> dict[str, str]:
+        rows = self._query(
+            "SELECT annotation_id, closes FROM annotations WHERE closes != '[]' "
+            "ORDER BY created_at, annotation_id"
+        )
+        out: dict[str, str] = {}
+        for annotation_id, text in rows:
+            for flag_id in orjson.loads(text):
+                out.setdefault(flag_id, annotation_id)
+        return out
 
     def append_access(self, entries: Sequence[AccessEntry]) -> None:
         sql = f"INSERT INTO access_log ({_ACCESS_COLS}) VALUES ({','.join('?' * 12)})"

@@ -40,8 +40,9 @@ class AuditStore(ABC):
         """The run's annotations in chain order (empty for none)."""
 
     @abstractmethod
-    def closed_flag_ids(self) -> set[str]:
-        """Ids of every anomaly flag some annotation names in ``closes``."""
+    def flag_closers(self) -> dict[str, str]:
+        """Every anomaly flag some annotation names in ``closes``: flag id -> the id of
+        the first annotation that closed it."""
 
     # -- the access log -------------------------------------------------------------
 

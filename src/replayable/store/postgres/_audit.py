@@ -185,6 +185,9 @@ _FLAG_COLS = (
 )
 
 
+_UNKNOWN: Final = object()
+
+
 def _json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
@@ -197,6 +200,8 @@ class PostgresAudit:
     url: str
     _write_lock: threading.Lock
     _login: str | None = None
+    _only_tenant: object = _UNKNOWN
+    _run_info: dict[str, tuple[str | None, str | None]]
 
     def _conn(self, write: bool) -> psycopg.Connection[tuple[Any, ...]]:
         raise NotImplementedError  # pragma: no cover - PostgresStore provides it
@@ -219,8 +224,37 @@ class PostgresAudit:
             except psycopg.Error as exc:
                 raise_store_error(exc, self.target, f"writing {what}")
 
-    def _row_tenant(self, tenant: str | None) -> str | None:
-        return self.tenant if self.tenant is not None else tenant
+    def _row_tenant(self, run_id: str | None) -> str | None:
+        """The tenant an audit row is filed under: the store's, else the run's tenant as
+        the database holds it, else (no run) the login's only tenant."""
+        if self.tenant is not None:
+            return self.tenant
+        if run_id is not None:
+            known = self._run_info.get(run_id)
+            if known is not None:
+                return known[0]
+            rows = self.query("SELECT tenant FROM runs WHERE run_id = %s", (run_id,))
+            return None if not rows else rows[0][0]
+        if self._only_tenant is _UNKNOWN:
+            rows = self.query("SELECT session_tenants(false)")
+            tenants = rows[0][0] if rows else None
+            self._only_tenant = tenants[0] if tenants and len(tenants) == 1 else None
+        return self._only_tenant  # type: ignore[return-value]
+
+    def _prefetch_tenants(self, run_ids: Sequence[str]) -> None:
+        """Learn the tenants of many runs in one query (before filing a scan's rows)."""
+        if self.tenant is not None:
+            return
+        missing = [r for r in dict.fromkeys(run_ids) if r not in self._run_info]
+        if not missing:
+            return
+        rows = self.query(
+            "SELECT run_id::text, tenant, parent_run_id::text FROM runs "
+            "WHERE run_id = ANY(%s::uuid[])",
+            (missing,),
+        )
+        for run_id, tenant, parent in rows:
+            self._run_info[run_id] = (tenant, parent)
 
     def login_name(self) -> str:
         if self._login is None:
@@ -244,7 +278,7 @@ class PostgresAudit:
                 a.amends,
                 a.retract,
                 _json(list(a.closes)),
-                self._row_tenant(a.tenant),
+                self._row_tenant(a.run_id),
                 a.chain_index,
                 a.prev_hash,
                 a.hash,
@@ -267,9 +301,16 @@ class PostgresAudit:
         )
         return [annotation_from_row(r) for r in rows]
 
-    def closed_flag_ids(self) -> set[str]:
-        rows = self.query("SELECT closes_text FROM annotations WHERE closes_text <> '[]'")
-        return {f for (text,) in rows for f in orjson.loads(text)}
+    def flag_closers(self) -> dict[str, str]:
+        rows = self.query(
+            "SELECT annotation_id, closes_text FROM annotations WHERE closes_text <> '[]' "
+            "ORDER BY created_at, annotation_id"
+        )
+        out: dict[str, str] = {}
+        for annotation_id, text in rows:
+            for flag_id in orjson.loads(text):
+                out.setdefault(flag_id, annotation_id)
+        return out
 
     def append_access(self, entries: Sequence[AccessEntry]) -> None:
         rows = [
@@ -284,7 +325,7 @@ class PostgresAudit:
                 e.run_id,
                 _json(list(e.steps)),
                 _json(list(e.what)),
-                self._row_tenant(e.tenant),
+                self._row_tenant(e.run_id),
                 e.schema_version,
             )
             for e in entries
@@ -317,6 +358,7 @@ class PostgresAudit:
         return [access_from_row(r) for r in reversed(self.query(statement, params))]
 
     def append_flags(self, flags: Sequence[AnomalyFlag], scanned: Sequence[str]) -> None:
+        self._prefetch_tenants([*scanned, *(f.run_id for f in flags)])
         flag_rows = [
             (
                 f.flag_id,
@@ -327,13 +369,13 @@ class PostgresAudit:
                 _json(f.evidence),
                 f.score,
                 f.created_at,
-                self._row_tenant(f.tenant),
+                self._row_tenant(f.run_id),
                 f.schema_version,
             )
             for f in flags
         ]
         cols = _FLAG_COLS.replace("run_id::text", "run_id")
-        tenants = {f.run_id: self._row_tenant(f.tenant) for f in flags}
+        tenants = {r: self._row_tenant(r) for r in scanned}
         self._write_rows(
             "anomaly flags",
             [
