@@ -99,7 +99,7 @@ def test_reports_are_private(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["--store", url, "report", "--out", str(out)])
     assert result.exit_code == 0, result.output
     files = sorted(out.iterdir())
-    assert [p.suffix for p in files] == [".json", ".md"]
+    assert [p.suffix for p in files] == [".html", ".json", ".md"]
     assert {mode(p) for p in files} == {0o600}
     assert mode(out) == 0o700
     assert mode(out.parent) == 0o700

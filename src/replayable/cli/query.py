@@ -1,8 +1,9 @@
 """``replayable query`` and ``replayable report``: impact queries across runs.
 
 Both take the same filters; ``query`` prints the runs with their matching
-steps, ``report`` writes an audit report per affected run (JSON and Markdown:
-timeline, matching steps, lineage, chain check)::
+steps, ``report`` writes an audit report per affected run (JSON, Markdown and
+HTML: timeline, matching steps, lineage, chain check, flags, annotations and
+the access-log summary; see :mod:`replayable.audit.report`)::
 
     replayable query --name query_compliance_rules --since 30d \\
         --where 'response.rows empty' --where 'request.jurisdiction ^= GB'
@@ -13,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,11 +29,12 @@ from rich.progress import (
 )
 
 from replayable._files import private_dir, write_private
+from replayable.audit.access import AuditReader
 from replayable.cli._context import state, stdout
+from replayable.cli.audit import AsUser, Purpose, RoleOpt, reader
 from replayable.errors import ConfigurationError
-from replayable.events.model import Event, Run
-from replayable.store import EventStore, verify_run
-from replayable.store.search import EventQuery, Predicate, SearchHit
+from replayable.events.model import Run
+from replayable.store.search import EventQuery, Predicate
 
 __all__ = ["build_query", "query", "register", "report", "write_report"]
 
@@ -172,6 +175,15 @@ def query(
         out.print(f"{shown} (offset {page.offset}){more}", markup=False)
 
 
+Formats = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--format", help="json, md or html (repeatable; default all three).", metavar="FORMAT"
+    ),
+]
+_FORMATS = ("json", "md", "html")
+
+
 def report(
     ctx: typer.Context,
     workflow: Workflow = None,
@@ -181,12 +193,28 @@ def report(
     until: Until = None,
     meta: Meta = None,
     where: Where = None,
+    runs: Annotated[
+        list[str] | None,
+        typer.Option("--run", help="Report these runs (id or prefix; repeatable), no query."),
+    ] = None,
+    formats: Formats = None,
     out: Annotated[Path, typer.Option("--out", help="Directory for the reports.")] = Path(
         "replayable-reports"
     ),
+    user: AsUser = None,
+    role: RoleOpt = None,
+    purpose: Purpose = None,
 ) -> None:
-    """Write an audit report (JSON and Markdown) for every run the query matches."""
-    store = state(ctx).store()
+    """Write an audit report for every run the query matches (or each --run): header,
+    lineage, chain and seal status, timeline with the payloads of matching, flagged and
+    annotated steps, anomaly flags, annotations with history, and the access-log summary.
+    Producing it is written to the access log."""
+    chosen = tuple(dict.fromkeys(f.strip().lower() for f in formats or _FORMATS))
+    bad = [f for f in chosen if f not in _FORMATS]
+    if bad:
+        raise ConfigurationError(f"--format {bad[0]!r} is not one of {', '.join(_FORMATS)}")
+    audit = reader(ctx, user, role, purpose)
+    store = audit.store
     q = build_query(
         workflow=workflow,
         kind=kind,
@@ -211,13 +239,20 @@ def report(
         transient=True,
         disable=not console.is_terminal,
     ) as bar:
-        task = bar.add_task("writing reports", total=None)
+        task = bar.add_task("writing reports", total=len(runs) if runs else None)
+        if runs:
+            for ref in runs:
+                write_report(audit, store.run(ref), out, None, (), chosen)
+                written += 1
+                bar.advance(task)
+            offset = None
         while offset is not None:
             page = store.search(q.page(offset))
             if page.next_offset is None:
                 bar.update(task, total=written + len(page.hits))
             for hit in page.hits:
-                write_report(store, hit, out, str(q_text(q)))
+                seqs = [e.seq for e in hit.events]
+                write_report(audit, hit.run, out, str(q_text(q)), seqs, chosen)
                 written += 1
                 bar.advance(task)
             offset = page.next_offset
@@ -240,126 +275,31 @@ def q_text(q: EventQuery) -> str:
     return "; ".join(parts) or "(all events)"
 
 
-def _event_json(e: Event) -> dict[str, Any]:
-    return {
-        "seq": e.seq,
-        "kind": e.kind,
-        "name": e.name,
-        "started_at": e.started_at,
-        "duration_ms": e.duration_ns / 1e6,
-        "side_effect": e.side_effect,
-        "request": orjson.loads(e.request),
-        "response": None if e.response is None else orjson.loads(e.response),
-        "error": e.error_value(),
-        "hash": e.hash,
-    }
+def write_report(
+    audit: AuditReader,
+    run: Run,
+    directory: Path,
+    query_text: str | None,
+    matching: Sequence[int] = (),
+    formats: Sequence[str] = ("json", "md", "html"),
+) -> list[Path]:
+    """Write ``<run_id>.json``/``.md``/``.html`` (as ``formats`` says) for one run, each
+    file 0600; returns the paths."""
+    from replayable.audit.render import to_html, to_markdown
+    from replayable.audit.report import build_report, report_json
 
-
-def _lineage(store: EventStore, run: Run) -> dict[str, Any]:
-    s = run.start
-    return {
-        "parent_run_id": s.parent_run_id,
-        "parent_seq": s.parent_seq,
-        "root_run_id": s.root_run_id,
-        "lineage": s.lineage,
-        "children": [c.run_id for c in store.children(run.run_id)],
-    }
-
-
-def write_report(store: EventStore, hit: SearchHit, directory: Path, query_text: str) -> Path:
-    """Write ``<run_id>.json`` and ``<run_id>.md`` for one affected run; returns the JSON path."""
-    run = hit.run
-    events = store.events(run.run_id)
-    matching = {e.seq for e in hit.events}
-    chain = verify_run(store, run.run_id)
-    data = {
-        "query": query_text,
-        "run": {
-            "run_id": run.run_id,
-            "workflow": run.workflow,
-            "status": run.status,
-            "started_at": run.started_at,
-            "ended_at": run.ended_at,
-            "metadata": run.metadata,
-            "tenant": run.start.tenant,
-        },
-        "lineage": _lineage(store, run),
-        "chain": {"ok": chain.ok, "message": chain.message},
-        "matching_steps": [_event_json(e) for e in hit.events],
-        "timeline": [
-            {
-                "seq": e.seq,
-                "kind": e.kind,
-                "name": e.name,
-                "started_at": e.started_at,
-                "duration_ms": e.duration_ns / 1e6,
-                "failed": e.error is not None,
-                "matches": e.seq in matching,
-            }
-            for e in events
-        ],
-    }
-    json_path = directory / f"{run.run_id}.json"
-    write_private(json_path, orjson.dumps(data, option=orjson.OPT_INDENT_2))
-    lines = [
-        f"# Audit report: run {run.run_id}",
-        "",
-        f"- Query: `{query_text}`",
-        f"- Workflow: `{run.workflow}`, status **{run.status}**",
-        f"- Started: {_when(run.started_at)} UTC"
-        + (f", ended {_when(run.ended_at)} UTC" if run.ended_at is not None else ""),
-        f"- Metadata: `{orjson.dumps(run.metadata).decode()}`",
-        f"- Hash chain: {chain.message}",
-        "",
-        "## Lineage",
-        "",
-    ]
-    lin = data["lineage"]
-    assert isinstance(lin, dict)
-    lines.append(
-        f"- Parent: {lin['parent_run_id'] or '—'}"
-        + (f" (step {lin['parent_seq']})" if lin["parent_seq"] else "")
-    )
-    lines.append(f"- Root: {lin['root_run_id']}")
-    lines.append(f"- Children: {', '.join(lin['children']) or '—'}")
-    lines += [
-        "",
-        "## Timeline",
-        "",
-        "| seq | kind | name | at (UTC) | ms | |",
-        "|---:|---|---|---|---:|---|",
-    ]
-    for e in events:
-        mark = "**match**" if e.seq in matching else ("error" if e.error else "")
-        lines.append(
-            f"| {e.seq} | {e.kind} | {e.name} | {_when(e.started_at)} | "
-            f"{e.duration_ns / 1e6:.1f} | {mark} |"
-        )
-    lines += ["", "## Matching steps", ""]
-    for e in hit.events:
-        lines += [
-            f"### Step {e.seq}: {e.kind} `{e.name}`",
-            "",
-            "Request:",
-            "",
-            "```json",
-            orjson.dumps(orjson.loads(e.request), option=orjson.OPT_INDENT_2).decode(),
-            "```",
-            "",
-        ]
-        shown = e.response if e.response is not None else e.error
-        label = "Response" if e.response is not None else "Error"
-        if shown is not None:
-            lines += [
-                f"{label}:",
-                "",
-                "```json",
-                orjson.dumps(orjson.loads(shown), option=orjson.OPT_INDENT_2).decode(),
-                "```",
-                "",
-            ]
-    write_private(directory / f"{run.run_id}.md", ("\n".join(lines) + "\n").encode())
-    return json_path
+    data = build_report(audit, run, matching=matching, query=query_text)
+    written = []
+    for fmt in formats:
+        path = directory / f"{run.run_id}.{fmt}"
+        if fmt == "json":
+            write_private(path, report_json(data))
+        elif fmt == "md":
+            write_private(path, to_markdown(data).encode())
+        else:
+            write_private(path, to_html(data).encode())
+        written.append(path)
+    return written
 
 
 def register(app: typer.Typer) -> None:
