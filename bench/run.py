@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_audit
 import bench_capture
 import bench_http
 import bench_ingest
@@ -36,6 +37,7 @@ BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "ingest": bench_ingest.run,
     "modes": bench_modes.run,
     "replay": bench_replay.run,
+    "audit": bench_audit.run,
     # Last: it drives a server process whose background work would otherwise
     # land on the benchmarks that follow it.
     "postgres": bench_postgres.run,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -12,7 +15,15 @@ import pytest
 from typer.testing import CliRunner
 
 import replayable
+from replayable.audit import Actor, AuditReader, Scanner
+from replayable.audit.annotations import annotate_run
+from replayable.audit.report import build_report
 from replayable.cli import app
+from replayable.errors import AccessDeniedError
+from replayable.store.postgres import PostgresStore, grant_tenant, init_roles
+from tests.pg_helpers import PgServer, pg
+
+__all__ = ["pg"]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 GB_RULES = ["GB-DPA-03", "GB-LIA-01", "GB-REN-02"]
@@ -191,3 +202,161 @@ def test_demo_shows_the_fork_and_the_diff(agent, tmp_path):
     assert "diff: first divergence at step 3: query_compliance_rules response" in text
     assert "(GB-DPA-03, GB-LIA-01, GB-REN-02)" in text
     assert "1-2 replayed · 3-6 live · 7 blocked (file_report)" in text
+
+
+# -- the impact audit: thirty days, fourteen affected runs ---------------------------------
+
+
+@dataclass
+class Month:
+    """Thirty days of recorded reviews (one a day), fourteen of GB sub-jurisdictions."""
+
+    url: str
+    history: Any
+
+
+def _record_month(url: str, tmp: Path) -> Any:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(EXAMPLES))
+        from contract_review import agent as agent_module
+        from contract_review.history import record_history
+
+        mp.setattr(agent_module, "MATCH_MODE", "exact")
+        store = replayable.open_store(url)
+        try:
+            return record_history(
+                store, days=30, per_day=1, affected=14, reports_path=tmp / "filed.jsonl"
+            )
+        finally:
+            store.close()
+
+
+@pytest.fixture(scope="module")
+def month(tmp_path_factory: pytest.TempPathFactory) -> Month:
+    tmp = tmp_path_factory.mktemp("month")
+    url = f"sqlite:///{tmp / 'runs.db'}"
+    return Month(url, _record_month(url, tmp))
+
+
+def test_month_of_runs_the_scan_flags_the_fourteen(month: Month) -> None:
+    """The anomaly scan over the last 30 days flags exactly the 14 GB sub-jurisdiction
+    runs under rule 5, nothing else under it, and the impact query agrees."""
+    runner = CliRunner()
+    env = {"COLUMNS": "200", "REPLAYABLE_USER": "", "REPLAYABLE_ROLE": ""}
+    assert len(month.history.run_ids) == 30
+    assert len(month.history.affected) == 14
+    scanned = runner.invoke(
+        app, ["--store", month.url, "anomalies", "scan", "--since", "30d"], env=env
+    )
+    assert scanned.exit_code == 0, scanned.output
+    assert "scanned 30 run(s)" in scanned.stdout
+    assert "empty_data_decision 14" in scanned.stdout
+    listed = runner.invoke(
+        app, ["--store", month.url, "anomalies", "--rule", "5", "--json"], env=env
+    )
+    flags = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert sorted(f["run_id"] for f in flags) == sorted(month.history.affected)
+    assert {f["steps"][0] for f in flags} == {3}
+    assert all(f["evidence"]["request"]["jurisdiction"].startswith("GB-") for f in flags)
+    query = runner.invoke(
+        app,
+        [
+            "--store", month.url, "query", "--name", "query_compliance_rules", "--since", "30d",
+            "--where", "response empty", "--where", "request.jurisdiction ^= GB", "--json",
+        ],
+        env=env,
+    )  # fmt: skip
+    assert query.exit_code == 0, query.output
+    found = {json.loads(line)["run_id"] for line in query.stdout.splitlines()}
+    assert found == set(month.history.affected)
+
+
+def test_analyst_annotates_auditor_reads_and_cannot_annotate(month: Month, tmp_path: Path) -> None:
+    """An analyst reads one affected run and annotates it as a violation, closing its flag;
+    the auditor's report carries the annotation; the auditor cannot annotate; the access
+    log shows both reads."""
+    runner = CliRunner()
+    env = {"COLUMNS": "200", "REPLAYABLE_USER": "", "REPLAYABLE_ROLE": ""}
+
+    def cli(*args: str) -> Any:
+        return runner.invoke(app, ["--store", month.url, *args], env=env)
+
+    scan = cli("anomalies", "scan", "--since", "30d")
+    assert scan.exit_code == 0, scan.output
+    run_id = month.history.affected[0]
+    flag = json.loads(cli("anomalies", "--run", run_id, "--rule", "5", "--json").stdout)
+    analyst = ("--as", "dana", "--role", "analyst")
+    shown = cli("show", run_id, *analyst, "--purpose", "INC-204")
+    assert shown.exit_code == 0, shown.output
+    note = (
+        "Reviewed: the compliance lookup at step 3 returned no rules for "
+        f"{flag['evidence']['request']['jurisdiction']}; rated low without them."
+    )
+    made = cli(
+        "annotate", run_id, "--step", "3", "--verdict", "violation", "--policy", "CR-7",
+        "--note", note, "--closes", flag["flag_id"], *analyst, "--json",
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    auditor = ("--as", "olu", "--role", "auditor")
+    out = tmp_path / "reports"
+    report = cli("report", "--run", run_id, "--out", str(out), *auditor, "--purpose", "audit")
+    assert report.exit_code == 0, report.output
+    data = json.loads((out / f"{run_id}.json").read_text())
+    assert [a["verdict"] for a in data["annotations"]["history"]] == ["violation"]
+    assert data["flags"][0]["closed_by"] == json.loads(made.stdout)["annotation_id"]
+    assert data["chain"]["ok"] is True
+    assert data["timeline"][2]["response"] == []
+    assert "violation" in (out / f"{run_id}.html").read_text()
+    refused = cli("annotate", run_id, "--verdict", "ok", "--note", "fine", *auditor)
+    assert refused.exit_code == 2
+    assert "olu (role auditor) may not annotate" in refused.stderr
+    log = cli("access-log", "--run", run_id, *auditor, "--json")
+    reads = [json.loads(line) for line in log.stdout.splitlines()]
+    who = [(e["user"], e["channel"]) for e in reads if "request" in e["what"]]
+    assert who == [("dana", "cli"), ("olu", "report")]
+    assert [e["purpose"] for e in reads if "request" in e["what"]] == ["INC-204", "audit"]
+    assert reads[-1]["what"] == ["access_log"]
+    still_open = cli("anomalies", "--open", "--rule", "5", "--json").stdout.splitlines()
+    assert len(still_open) == 13
+
+
+@pytest.mark.slow
+def test_month_on_postgres_with_database_roles(pg: PgServer, tmp_path: Path) -> None:
+    """The same story on PostgreSQL, each step as its database login: the writer records,
+    maintenance scans, the analyst annotates, the auditor reads the report, and the
+    database refuses the auditor's annotation even when it claims the analyst role."""
+    schema = pg.new_schema("story")
+    PostgresStore(pg.url(schema)).close()
+    prefix = f"st_{secrets.token_hex(4)}"
+    pg.role_prefixes.append(prefix)
+    with pg.connect() as conn:
+        roles = init_roles(conn, schema, prefix=prefix, login=True)
+        grant_tenant(conn, schema, roles.writer, "", write=True)
+        grant_tenant(conn, schema, roles.maintenance, "", write=True)
+        for login in (roles.analyst, roles.auditor):
+            grant_tenant(conn, schema, login, "", write=False)
+    history = _record_month(pg.url(schema, user=roles.writer), tmp_path)
+    with PostgresStore(pg.url(schema, user=roles.maintenance)) as maint:
+        result = Scanner(maint).scan(since=time.time() - 30 * 86400)
+    assert sorted(f.run_id for f in result.flags if f.rule == "empty_data_decision") == sorted(
+        history.affected
+    )
+    run_id = history.affected[0]
+    with PostgresStore(pg.url(schema, user=roles.analyst)) as store:
+        analyst = AuditReader(
+            store, Actor.current(store, user="dana", role="analyst"), channel="cli"
+        )
+        analyst.events(run_id)
+        analyst.annotate(run_id, step=3, verdict="violation", note="empty rules", policy="CR-7")
+    with PostgresStore(pg.url(schema, user=roles.auditor)) as store:
+        auditor = AuditReader(store, Actor.current(store, user="olu", role="auditor"))
+        report = build_report(auditor, run_id)
+        assert [a["verdict"] for a in report["annotations"]["history"]] == ["violation"]
+        pretender = Actor(user="olu", role="analyst", login=store.login_name())
+        with pytest.raises(AccessDeniedError, match="refused"):
+            annotate_run(store, pretender, run_id, verdict="ok", note="nothing to see")
+        reads = auditor.access_log(run=run_id)
+    assert [(e.user, e.login) for e in reads if "request" in e.what] == [
+        ("dana", roles.analyst),
+        ("olu", roles.auditor),
+    ]
