@@ -144,7 +144,8 @@ def scan_rates(store: EventStore, runs: int) -> dict[str, float]:
     fill(store, runs, extra)
     gc.collect()
     second = Scanner(store).scan()
-    assert first.runs == runs and second.runs == extra, (first.runs, second.runs)
+    assert first.runs == runs, first.runs
+    assert second.runs == extra, second.runs
     return {
         "runs": runs,
         "first_runs_per_s": first.runs_per_s,
