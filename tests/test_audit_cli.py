@@ -105,3 +105,29 @@ def test_access_log_shows_reads_and_its_own(db: tuple[str, str]) -> None:
     code, _, err = run(url, "access-log", "--role", "analyst")
     assert code == 2
     assert "may not read the access log" in err
+
+
+def test_verify_checks_annotation_chains_too(tmp_path: Path) -> None:
+    """``verify`` names an annotation altered behind the store's back and exits 1."""
+    import sqlite3
+
+    from tests.audit_runs import record, tool
+
+    path = tmp_path / "v.db"
+    store = SQLiteStore(path)
+    rid = record(store, [tool("lookup", {"q": 1}, [1])])
+    store.close()
+    url = f"sqlite:///{path}"
+    assert run(url, "annotate", rid, "--verdict", "violation", "--note", "bad")[0] == 0
+    code, out, _ = run(url, "verify", rid, "--json")
+    assert code == 0, out
+    assert json.loads(out)[0]["annotations"]["ok"] is True
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TRIGGER annotations_no_update")
+    conn.execute("UPDATE annotations SET verdict = 'ok'")
+    conn.commit()
+    conn.close()
+    code, out, _ = run(url, "verify", rid)
+    assert code == 1
+    assert "annotation" in out
+    assert "altered" in out

@@ -18,9 +18,12 @@ import pytest
 from replayable.audit import Actor, AuditReader, verify_annotations
 from replayable.audit.annotations import AnnotationSet, annotate_run, new_id
 from replayable.errors import AccessDeniedError, AppendOnlyError, ConfigurationError
-from replayable.events.audit import AnomalyFlag
+from replayable.events.audit import AnomalyFlag, annotation_hash
+from replayable.events.chain import ChainKey
 from replayable.store import EventStore, MemoryStore
 from replayable.store.audit_base import stats_from
+from replayable.store.integrity import Integrity
+from replayable.store.keys import StaticKeys
 from replayable.store.sqlite import SQLiteStore
 from tests.test_store_contract import make_end, make_events, make_start
 from tests.test_store_contract import new_id as run_id
@@ -339,5 +342,95 @@ def test_verify_names_a_tampered_annotation(tmp_path: Path, change: str, reason:
         assert not report.ok
         assert reason in report.reason
         assert report.first_bad in {m.annotation_id for m in made}
+    finally:
+        store.close()
+
+
+# -- keyed annotation chains ------------------------------------------------------------
+
+KEY_A = ChainKey("ka", b"a" * 32)
+KEY_B = ChainKey("kb", b"b" * 32)
+
+
+def test_keyed_annotations_verify_only_with_their_key(tmp_path: Path) -> None:
+    """With a chain key configured, annotations are HMAC-linked under it: they verify
+    with the key, name it, and cannot be verified (or forged) without it."""
+    store = SQLiteStore(tmp_path / "k.db")
+    try:
+        rid = recorded(store)
+        keyed = Integrity(StaticKeys([KEY_A]))
+        made = annotate_run(store, ANALYST, rid, verdict="ok", note="n", integrity=keyed)
+        assert made.key_id == "ka"
+        assert store.annotations(rid)[0].key_id == "ka"
+        assert verify_annotations(store, rid, integrity=keyed).ok
+        missing = verify_annotations(store, rid, integrity=Integrity(StaticKeys([KEY_B])))
+        assert not missing.ok
+        assert "key 'ka', which is not configured" in missing.reason
+        # An unkeyed rewrite of the same content cannot pass as keyed, and an unkeyed
+        # annotation is refused while a key is configured.
+        forged = msgspec.structs.replace(made, key_id=None, annotation_id=new_id())
+        forged = msgspec.structs.replace(
+            forged, prev_hash=made.hash, chain_index=1, hash=annotation_hash(forged)
+        )
+        forged = msgspec.structs.replace(forged, hash=annotation_hash(forged))
+        store.append_annotations([forged])
+        report = verify_annotations(store, rid, integrity=keyed)
+        assert not report.ok
+        assert report.first_bad == forged.annotation_id
+        assert "unkeyed while a chain key is configured" in report.reason
+        assert verify_annotations(store, rid, integrity=keyed, allow_unkeyed=True).ok
+    finally:
+        store.close()
+
+
+def test_keyed_annotation_altered_with_a_recomputed_unkeyed_hash_is_caught(
+    tmp_path: Path,
+) -> None:
+    """Editing a keyed annotation and recomputing its hash the unkeyed way fails verify."""
+    path = tmp_path / "k.db"
+    store = SQLiteStore(path)
+    keyed = Integrity(StaticKeys([KEY_A]))
+    rid = recorded(store)
+    made = annotate_run(store, ANALYST, rid, verdict="violation", note="bad", integrity=keyed)
+    store.close()
+    edited = msgspec.structs.replace(made, verdict="ok", note="fine")
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TRIGGER annotations_no_update")
+    conn.execute(
+        "UPDATE annotations SET verdict = 'ok', note = 'fine', hash = ?",
+        (annotation_hash(edited),),
+    )
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    try:
+        report = verify_annotations(store, rid, integrity=keyed)
+        assert not report.ok
+        assert "altered" in report.reason
+    finally:
+        store.close()
+
+
+def test_an_earlier_sqlite_audit_layout_gains_the_key_column(tmp_path: Path) -> None:
+    """A database whose annotations table predates ``key_id`` is upgraded on open."""
+    path = tmp_path / "old.db"
+    SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE annotations")
+    conn.execute(
+        "CREATE TABLE annotations (annotation_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, "
+        "seq INTEGER, author TEXT NOT NULL, role TEXT NOT NULL, login TEXT NOT NULL, "
+        "created_at REAL NOT NULL, verdict TEXT, policy TEXT, note TEXT NOT NULL, amends TEXT, "
+        "retract INTEGER NOT NULL, closes TEXT NOT NULL, tenant TEXT, chain_index INTEGER "
+        "NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL, schema_version INTEGER NOT "
+        "NULL, UNIQUE (run_id, chain_index))"
+    )
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    try:
+        rid = recorded(store)
+        annotate_run(store, ANALYST, rid, verdict="ok", note="n")
+        assert verify_annotations(store, rid).ok
     finally:
         store.close()

@@ -20,6 +20,7 @@ from replayable.errors import AppendOnlyError, ConfigurationError
 from replayable.events.audit import VERDICTS, Annotation, annotation_genesis, annotation_hash
 from replayable.events.ids import uuid7
 from replayable.store.base import EventStore
+from replayable.store.integrity import Integrity
 
 __all__ = ["AnnotationSet", "annotate_run", "new_id"]
 
@@ -142,12 +143,14 @@ def annotate_run(
     retract: bool = False,
     closes: Iterable[str] = (),
     now: float | None = None,
+    integrity: Integrity | None = None,
 ) -> Annotation:
     """Append an annotation to ``run`` (an id or prefix) as ``actor``; returns it.
 
     ``amends`` names (by id or prefix) the annotation this one corrects, or
     with ``retract=True`` withdraws. ``closes`` names anomaly flags of the run
-    this annotation settles.
+    this annotation settles. The link is keyed with the current chain key of
+    ``integrity`` (default: the environment's, as the writer's event chains).
     """
     require(actor, "annotate", "annotate runs")
     record = store.run(run)
@@ -157,6 +160,7 @@ def annotate_run(
     if amended is not None and step is None:
         step = amended.seq
     _check(store, run_id, step, verdict, note, retract, amended)
+    key = (integrity or Integrity.from_env()).current_key()
     for _ in range(_RETRIES):
         chain = store.annotations(run_id)
         head = chain[-1] if chain else None
@@ -177,10 +181,11 @@ def annotate_run(
             closes=flag_ids,
             tenant=record.start.tenant,
             chain_index=0 if head is None else head.chain_index + 1,
-            prev_hash=annotation_genesis(run_id) if head is None else head.hash,
+            key_id=None if key is None else key.key_id,
+            prev_hash=annotation_genesis(run_id, key) if head is None else head.hash,
             hash="",
         )
-        annotation = msgspec.structs.replace(draft, hash=annotation_hash(draft))
+        annotation = msgspec.structs.replace(draft, hash=annotation_hash(draft, key))
         try:
             store.append_annotations([annotation])
         except AppendOnlyError:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from replayable.events.audit import annotation_genesis, annotation_hash
 from replayable.store.base import EventStore
+from replayable.store.integrity import Integrity
 
 __all__ = ["AnnotationChainReport", "verify_annotations"]
 
@@ -27,16 +28,27 @@ class AnnotationChainReport:
         return f"run {self.run_id}: annotation {self.first_bad}: {self.reason}"
 
 
-def verify_annotations(store: EventStore, run_id: str) -> AnnotationChainReport:
+def verify_annotations(
+    store: EventStore,
+    run_id: str,
+    *,
+    integrity: Integrity | None = None,
+    allow_unkeyed: bool = False,
+) -> AnnotationChainReport:
     """Walk the run's annotations in chain order, recomputing every link.
 
     Catches an edited annotation (its hash no longer matches), a removed or
     re-ordered one (a position is missing or a link points elsewhere), one
     moved from another run, and a correction naming an annotation the run
-    does not hold.
+    does not hold. Keyed links are checked with the key each names
+    (``integrity`` defaults to the environment's); while a key is configured,
+    an unkeyed annotation is refused unless ``allow_unkeyed``, since anyone
+    could have rewritten it.
     """
+    integrity = integrity or Integrity.from_env()
+    configured = integrity.current_key() is not None
     chain = store.annotations(run_id)
-    prev = annotation_genesis(run_id)
+    prev: str | None = None
     seen: set[str] = set()
     for position, a in enumerate(chain):
 
@@ -52,9 +64,14 @@ def verify_annotations(store: EventStore, run_id: str) -> AnnotationChainReport:
                 f"chain position {a.chain_index} found where {position} belongs "
                 "(an annotation was removed)"
             )
-        if a.prev_hash != prev:
+        key = None if a.key_id is None else integrity.key(a.key_id)
+        if a.key_id is not None and key is None:
+            return bad(f"chained with key {a.key_id!r}, which is not configured")
+        if a.key_id is None and configured and not allow_unkeyed:
+            return bad("unkeyed while a chain key is configured: anyone could have rewritten it")
+        if a.prev_hash != (annotation_genesis(run_id, key) if prev is None else prev):
             return bad("link to the previous annotation does not match")
-        if a.hash != annotation_hash(a):
+        if a.hash != annotation_hash(a, key):
             return bad("content does not match its hash (the annotation was altered)")
         if a.amends is not None and a.amends not in seen:
             return bad(f"amends {a.amends}, which is not an earlier annotation of this run")

@@ -10,6 +10,7 @@ from rich.console import RenderableType
 from rich.progress import Progress
 from rich.text import Text
 
+from replayable.audit.verify import AnnotationChainReport, verify_annotations
 from replayable.cli._context import fail, piped, state, stdout, whole_stdout
 from replayable.cli._options import parse_meta, parse_status, parse_when
 from replayable.cli.audit import (
@@ -24,7 +25,7 @@ from replayable.cli.decisions import decisions_view
 from replayable.cli.jsonview import event_to_dict, run_to_dict
 from replayable.cli.render import runs_rows, runs_table, timeline
 from replayable.cli.runtree import root_run, run_header, run_tree, tree_to_dict
-from replayable.errors import ConfigurationError, RunNotFoundError
+from replayable.errors import AccessDeniedError, ConfigurationError, RunNotFoundError
 from replayable.events.model import Run
 from replayable.store import ChainReport, EventStore, RunFilter, StoreReport, verify_run
 from replayable.store.integrity import Integrity
@@ -238,9 +239,23 @@ def verify(
             )
     reports = report.runs
     broken = [r for r in reports if not r.ok]
+    notes = _annotation_reports(store, [r.run_id for r in reports], integrity, allow_unkeyed)
+    bad_notes = [n for n in notes.values() if not n.ok]
     if as_json:
-        _print_json([_report_json(r) for r in reports])
+        rows = [_report_json(r) for r in reports]
+        for row in rows:
+            found = notes.get(str(row["run_id"]))
+            if found is not None:
+                row["annotations"] = {
+                    "ok": found.ok,
+                    "checked": found.checked,
+                    "first_bad": found.first_bad,
+                    "reason": found.reason or None,
+                }
+        _print_json(rows)
     else:
+        for n in bad_notes:
+            console.print(Text.assemble(("✗ ", "red"), (n.message, "red")))
         # A long --all listing shows only the broken runs and a total.
         shown = reports if len(reports) <= 50 else broken
         for line in shown:
@@ -254,5 +269,20 @@ def verify(
                 f"{len(reports)} runs checked, {len(broken)} broken ({counts or 'none'})",
                 style=style,
             )
-    if broken or report.problems:
+    if broken or report.problems or bad_notes:
         raise typer.Exit(1)
+
+
+def _annotation_reports(
+    store: EventStore, run_ids: list[str], integrity: Integrity, allow_unkeyed: bool
+) -> dict[str, AnnotationChainReport]:
+    """Each run's annotation chain checked; none when this login may not read them."""
+    out: dict[str, AnnotationChainReport] = {}
+    for run_id in run_ids:
+        try:
+            out[run_id] = verify_annotations(
+                store, run_id, integrity=integrity, allow_unkeyed=allow_unkeyed
+            )
+        except AccessDeniedError:
+            return {}
+    return out

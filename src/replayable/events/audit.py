@@ -14,7 +14,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from replayable.events.canonical import chain_hash, genesis_hash
+from replayable.events.canonical import canonical, chain_hash
+from replayable.events.chain import ChainKey, genesis, link
 
 __all__ = [
     "AUDIT_SCHEMA_VERSION",
@@ -52,7 +53,9 @@ class Annotation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``amends`` names the one it replaces; a retraction is one with ``retract``
     set (and no verdict). ``closes`` names anomaly flags this annotation
     settles. ``chain_index``/``prev_hash``/``hash`` chain the run's
-    annotations in the order they were written.
+    annotations in the order they were written: HMAC-SHA256 under the chain
+    key ``key_id`` names, like a keyed event chain, or sha256 when no key was
+    configured (``key_id`` is ``None``).
     """
 
     annotation_id: str
@@ -70,6 +73,7 @@ class Annotation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     closes: tuple[str, ...]
     tenant: str | None
     chain_index: int
+    key_id: str | None
     prev_hash: str
     hash: str
     schema_version: int = AUDIT_SCHEMA_VERSION
@@ -132,32 +136,36 @@ class WorkflowStats(msgspec.Struct, frozen=True, kw_only=True):
     median_duration: float | None
 
 
-def annotation_genesis(run_id: str) -> str:
+def annotation_genesis(run_id: str, key: ChainKey | None = None) -> str:
     """The ``prev_hash`` of a run's first annotation (apart from its events' chain)."""
-    return genesis_hash(f"annotations:{run_id}")
+    return genesis(key, f"annotations:{run_id}")
 
 
-def annotation_hash(a: Annotation) -> str:
-    """The hash an annotation must carry, given the ``prev_hash`` it carries."""
-    return chain_hash(
-        a.prev_hash,
-        (
-            "annotation",
-            a.annotation_id,
-            a.run_id,
-            a.seq,
-            a.author,
-            a.role,
-            a.login,
-            a.created_at,
-            a.verdict,
-            a.policy,
-            a.note,
-            a.amends,
-            a.retract,
-            list(a.closes),
-            a.tenant,
-            a.chain_index,
-            a.schema_version,
-        ),
+def _fields(a: Annotation) -> tuple[object, ...]:
+    return (
+        "annotation",
+        a.annotation_id,
+        a.run_id,
+        a.seq,
+        a.author,
+        a.role,
+        a.login,
+        a.created_at,
+        a.verdict,
+        a.policy,
+        a.note,
+        a.amends,
+        a.retract,
+        list(a.closes),
+        a.tenant,
+        a.chain_index,
+        a.schema_version,
     )
+
+
+def annotation_hash(a: Annotation, key: ChainKey | None = None) -> str:
+    """The hash an annotation must carry, given the ``prev_hash`` it carries: keyed with
+    ``key`` (which must be the key ``a.key_id`` names) or, without one, unkeyed."""
+    if key is None:
+        return chain_hash(a.prev_hash, _fields(a))
+    return link(key, a.prev_hash, canonical((*_fields(a), key.key_id)))

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS annotations (
     role TEXT NOT NULL, login TEXT NOT NULL, created_at REAL NOT NULL, verdict TEXT,
     policy TEXT, note TEXT NOT NULL, amends TEXT, retract INTEGER NOT NULL,
     closes TEXT NOT NULL, tenant TEXT, chain_index INTEGER NOT NULL, prev_hash TEXT NOT NULL,
-    hash TEXT NOT NULL, schema_version INTEGER NOT NULL, UNIQUE (run_id, chain_index)
+    hash TEXT NOT NULL, schema_version INTEGER NOT NULL, key_id TEXT,
+    UNIQUE (run_id, chain_index)
 );
 CREATE TABLE IF NOT EXISTS access_log (
     entry_id TEXT PRIMARY KEY, at REAL NOT NULL, login TEXT NOT NULL, app_user TEXT NOT NULL,
@@ -53,7 +54,7 @@ CREATE TABLE IF NOT EXISTS anomaly_scanned (
 
 _ANN_COLS = (
     "annotation_id, run_id, seq, author, role, login, created_at, verdict, policy, note, "
-    "amends, retract, closes, tenant, chain_index, prev_hash, hash, schema_version"
+    "amends, retract, closes, tenant, chain_index, prev_hash, hash, schema_version, key_id"
 )
 _ACCESS_COLS = (
     "entry_id, at, login, app_user, role, channel, purpose, run_id, steps, what, tenant, "
@@ -89,6 +90,7 @@ def annotation_row(a: Annotation) -> tuple[Any, ...]:
         a.prev_hash,
         a.hash,
         a.schema_version,
+        a.key_id,
     )
 
 
@@ -112,6 +114,7 @@ def annotation_from_row(r: Sequence[Any]) -> Annotation:
         prev_hash=r[15],
         hash=r[16],
         schema_version=r[17],
+        key_id=r[18],
     )
 
 
@@ -179,6 +182,14 @@ def flag_from_row(r: Sequence[Any]) -> AnomalyFlag:
     )
 
 
+def upgrade_audit(c: sqlite3.Connection) -> None:
+    """Bring audit tables made by an earlier layout up to date (inside the schema's
+    transaction): annotations gained the chain key id."""
+    columns = {row[1] for row in c.execute("PRAGMA table_info(annotations)")}
+    if "key_id" not in columns:
+        c.execute("ALTER TABLE annotations ADD COLUMN key_id TEXT")
+
+
 class SQLiteAudit:
     """Mixed into :class:`~replayable.store.sqlite.SQLiteStore`."""
 
@@ -213,7 +224,7 @@ class SQLiteAudit:
 
     def append_annotations(self, annotations: Sequence[Annotation]) -> None:
         rows = [annotation_row(a) for a in annotations]
-        sql = f"INSERT INTO annotations ({_ANN_COLS}) VALUES ({','.join('?' * 18)})"
+        sql = f"INSERT INTO annotations ({_ANN_COLS}) VALUES ({','.join('?' * 19)})"
         self._write("annotations", [(sql, rows)])
 
     def annotations(self, run_id: str) -> list[Annotation]:

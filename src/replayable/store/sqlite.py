@@ -22,7 +22,7 @@ from replayable.errors import (
     StoreUnavailableError,
 )
 from replayable.events.model import Event, Run, RunEnd, RunStart
-from replayable.store._sqlite_audit import AUDIT_SCHEMA, AUDIT_TABLES, SQLiteAudit
+from replayable.store._sqlite_audit import AUDIT_SCHEMA, AUDIT_TABLES, SQLiteAudit, upgrade_audit
 from replayable.store.base import EventStore, RunFilter, tag_value
 from replayable.store.rows import event_from_row, event_to_row, run_from_row
 
@@ -259,6 +259,7 @@ class SQLiteStore(SQLiteAudit, EventStore):
                 for stmt in (_SCHEMA + _triggers()).split(";\n"):
                     if stmt.strip():
                         c.execute(stmt)
+                upgrade_audit(c)
                 c.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(_DB_VERSION),)
                 )

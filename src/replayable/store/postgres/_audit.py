@@ -37,7 +37,7 @@ from replayable.store.rows import event_from_row, run_from_row
 if TYPE_CHECKING:
     from replayable.store.postgres._connect import PgTarget
 
-__all__ = ["AUDIT_TABLES", "PostgresAudit", "audit_migration", "grant_audit"]
+__all__ = ["AUDIT_KEYED", "AUDIT_TABLES", "PostgresAudit", "audit_migration", "grant_audit"]
 
 AUDIT_TABLES: Final = ("annotations", "access_log", "anomaly_flags", "anomaly_scanned")
 
@@ -133,6 +133,10 @@ def audit_migration() -> list[str]:
     return statements
 
 
+#: Migration 4: annotations record the chain key they were chained with.
+AUDIT_KEYED: Final = ["ALTER TABLE {s}.annotations ADD COLUMN key_id TEXT"]
+
+
 def grant_audit(
     conn: psycopg.Connection[tuple[object, ...]],
     schema: str,
@@ -172,7 +176,7 @@ def grant_audit(
 
 _ANN_COLS = (
     "annotation_id, run_id::text, seq, author, role, login, created_at, verdict, policy, note, "
-    "amends, retract, closes_text, tenant, chain_index, prev_hash, hash, schema_version"
+    "amends, retract, closes_text, tenant, chain_index, prev_hash, hash, schema_version, key_id"
 )
 _ANN_INSERT = _ANN_COLS.replace("run_id::text", "run_id")
 _ACCESS_COLS = (
@@ -283,10 +287,11 @@ class PostgresAudit:
                 a.prev_hash,
                 a.hash,
                 a.schema_version,
+                a.key_id,
             )
             for a in annotations
         ]
-        statement = f"INSERT INTO annotations ({_ANN_INSERT}) VALUES ({', '.join(['%s'] * 18)})"
+        statement = f"INSERT INTO annotations ({_ANN_INSERT}) VALUES ({', '.join(['%s'] * 19)})"
         self._write_rows("annotations", [(statement, rows)])
 
     def annotations(self, run_id: str) -> list[Annotation]:

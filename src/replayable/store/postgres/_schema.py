@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 from replayable.errors import SchemaVersionError
-from replayable.store.postgres._audit import audit_migration
+from replayable.store.postgres._audit import AUDIT_KEYED, audit_migration
 from replayable.store.postgres._tenancy import V2_TENANCY
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "current_version", "upgrade", "valid_identifier"]
@@ -208,6 +208,7 @@ MIGRATIONS: Final[list[list[str]]] = [
     V2_TENANCY,
     audit_migration(),
     _V4_CHAIN,
+    AUDIT_KEYED,
 ]
 LATEST_VERSION: Final = len(MIGRATIONS)
 
