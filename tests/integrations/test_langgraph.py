@@ -12,6 +12,7 @@ import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
+from langchain_core.tracers._streaming import _V2StreamingCallbackHandler
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -298,5 +299,37 @@ def test_a_served_model_call_streams_its_recorded_tokens_to_the_callbacks(
     assert len([t for t in out if t]) == 3
     provider.stop()
     result = replayable.replay(run_id, store=store, fn=agent)
+    assert result.status == "identical", result.divergence
+    assert result.output == out
+
+
+class _Events(BaseCallbackHandler, _V2StreamingCallbackHandler):
+    """A handler of LangChain's content-block (v2) stream events, as LangGraph's v2
+    message streaming attaches one."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def on_stream_event(self, event: Any, **kwargs: Any) -> None:
+        self.events.append(event)
+
+
+@replayable.workflow
+def stream_events(base_url: str) -> list[Any]:
+    handler = _Events()
+    model = ChatOpenAI(base_url=base_url, api_key=KEY, model="fake-1")  # type: ignore[arg-type]
+    model.invoke("events please", config={"callbacks": [handler]})
+    return handler.events
+
+
+def test_a_served_model_call_replays_its_v2_stream_events(
+    provider: FakeProvider, store: MemoryStore
+) -> None:
+    """on_stream_event handlers see the recorded content-block events on replay."""
+    run_id, out = _record(store, stream_events, provider.url + "/v1")
+    assert out[0]["event"] == "message-start"
+    assert len(out) > 3
+    provider.stop()
+    result = replayable.replay(run_id, store=store, fn=stream_events)
     assert result.status == "identical", result.divergence
     assert result.output == out
