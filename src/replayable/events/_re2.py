@@ -2,14 +2,15 @@
 
 re2 runs a scan in one linear pass, several times faster than ``re`` on these
 alternations. It serves only where it gives the same answers: :func:`_re2_syntax`
-spells a pattern for re2 or refuses it, and :func:`_re2_scans` builds the
-scans of :meth:`~replayable.events.redaction.Redactor.needs_redaction`.
+spells a pattern for re2 or refuses it, and :func:`_re2_matcher` runs the
+scan of :meth:`~replayable.events.redaction.Redactor.needs_redaction`.
 """
 
 from __future__ import annotations
 
 import re
 import string
+from collections.abc import Callable
 from typing import Any, Final
 
 try:
@@ -17,7 +18,7 @@ try:
 except ImportError:  # every scan then runs on ``re``, deciding the same
     _re2 = None
 
-__all__ = ["_re2", "_re2_compile", "_re2_scans", "_re2_syntax"]
+__all__ = ["_SPACE", "_re2", "_re2_compile", "_re2_matcher", "_re2_syntax", "_scanned_apart"]
 
 #: What ``\s`` matches in a bytes pattern of ``re``; re2's ``\s`` leaves out ``\v``.
 _SPACE: Final = r"\t\n\v\f\r "
@@ -119,6 +120,36 @@ def _re2_compile(pattern: bytes) -> Any:
         return None
 
 
+def _re2_matcher(rx: Any) -> Callable[[bytes, int], list[tuple[int, int]] | None]:
+    """A search with ``rx`` from a position: the spans of the match and its groups
+    (``(-1, -1)`` for a group that took no part), or ``None`` when nothing matches.
+
+    It calls re2's own ``Match`` where the binding has it: the module's ``search`` builds
+    a match object in Python, which costs more than the scan of a small payload.
+    """
+    raw = getattr(rx, "_regexp", None)
+    anchor = getattr(getattr(_re2, "_Anchor", None), "UNANCHORED", None)
+    if raw is not None and anchor is not None and hasattr(raw, "Match"):
+        match = raw.Match
+
+        def fast(data: bytes, pos: int) -> list[tuple[int, int]] | None:
+            end = len(data)
+            if pos > end:  # re2 reads past the text from there
+                return None
+            spans: list[tuple[int, int]] = match(anchor, data, pos, end)
+            return None if spans[0][0] < 0 else spans
+
+        return fast
+
+    def slow(data: bytes, pos: int) -> list[tuple[int, int]] | None:
+        if pos > len(data):
+            return None
+        m = rx.search(data, pos)
+        return None if m is None else [m.span(i) for i in range(len(m.groups()) + 1)]
+
+    return slow
+
+
 def _scanned_apart(patterns: list[str]) -> bool:
     """Whether an alternation of ``patterns`` matches where one of them matches on its own:
     each compiles alone and none refers to a group by number or name."""
@@ -130,39 +161,3 @@ def _scanned_apart(patterns: list[str]) -> bool:
         except re.error:
             return False
     return True
-
-
-def _re2_scans(keys: frozenset[str], patterns: list[str]) -> tuple[Any, Any, Any] | None:
-    """The scans of ``needs_redaction`` with re2: ``(scan, low_scan, rest)``, each ``None``
-    when it has nothing to find, or ``None`` when re2 cannot take them.
-
-    ``scan`` runs over the payload: the key names, case-insensitively when they are ASCII
-    (re2 folds an ASCII letter to its other case only, as ``bytes.lower`` does), and every
-    pattern re2 reads as ``re`` does. ``low_scan`` finds other key names in the lower-cased
-    payload. ``rest`` is ``re`` over the patterns re2 does not take.
-    """
-    parts: list[bytes] = []
-    low_scan = None
-    if keys:
-        names = b"|".join(_re2.escape(k.encode()) for k in sorted(keys))
-        key_scan = b'"(?:' + names + b')"[' + _SPACE.encode() + b"]*[:,]"
-        if all(k.isascii() for k in keys):
-            parts.append(b"(?i:" + key_scan + b")")
-        else:
-            low_scan = _re2_compile(key_scan)
-            if low_scan is None:
-                return None
-    rest = patterns
-    if patterns and _scanned_apart(patterns):
-        rest = []
-        for p in patterns:
-            form = _re2_syntax(p)
-            if form is None or _re2_compile(form.encode()) is None:
-                rest.append(p)
-            else:
-                parts.append(f"(?:{form})".encode())
-    scan = _re2_compile(b"|".join(parts)) if parts else None
-    if parts and scan is None:
-        return None
-    rest_scan = re.compile("|".join(f"(?:{p})" for p in rest).encode()) if rest else None
-    return scan, low_scan, rest_scan

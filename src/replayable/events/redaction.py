@@ -2,22 +2,43 @@
 
 A :class:`Redactor` first scans the serialized bytes (most payloads hold no
 secret, and then nothing else runs), then walks the JSON tree of a payload
-that may hold one. The byte scans run on google-re2 where it reads a pattern
-as ``re`` does, and on ``re`` otherwise.
+that may hold one. What counts as a secret is in
+:mod:`~replayable.events._secrets` (names and value shapes); bytes, compressed
+bodies and recorded streams are handled by :mod:`~replayable.events._payloads`.
+The byte scans run on google-re2 where it reads a pattern as ``re`` does, and
+on ``re`` otherwise.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import orjson
 
-from replayable.events._re2 import _re2, _re2_compile, _re2_scans
-from replayable.events.codec import dump_tree
+from replayable.events import _payloads
+from replayable.events._re2 import (
+    _SPACE,
+    _re2,
+    _re2_compile,
+    _re2_matcher,
+    _re2_syntax,
+    _scanned_apart,
+)
+from replayable.events._secrets import (
+    DETECTORS,
+    KEY_FRAGMENTS,
+    NAME_FRAGMENT,
+    Detector,
+    name_fragment_re2,
+    query_secret_name,
+    secret_name,
+)
+from replayable.events.codec import TAG, dump_tree
 
-__all__ = ["REDACTED", "Redactor"]
+__all__ = ["REDACTED", "Redactor", "query_secret_name", "secret_name"]
 
 REDACTED: Final = "[REDACTED]"
 
@@ -44,16 +65,9 @@ _DEFAULT_SECRET_KEYS: Final = (
     "set-cookie",
 )
 
-_DEFAULT_VALUE_PATTERNS: Final = (
-    r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}",  # OpenAI / Anthropic keys
-    r"\b(?:ghp|gho|ghs|github_pat)_[A-Za-z0-9_]{20,}",  # GitHub tokens
-    r"\bxox[abpr]-[A-Za-z0-9\-]{10,}",  # Slack tokens
-    r"\bAKIA[0-9A-Z]{16}\b",  # AWS access key ids
-    r"\bBearer\s+[A-Za-z0-9._~+/=\-]{8,}",
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
-)
-#: Every default secret key name contains one of these (lower-cased).
-_KEY_FRAGMENTS: Final = ("auth", "key", "pass", "secret", "token", "cookie")
+#: The default value patterns: the text form of each detector, in order. A redactor
+#: given these (as the writer process is) uses the detectors themselves.
+_DEFAULT_VALUE_PATTERNS: Final = tuple(d.text for d in DETECTORS)
 _WORD: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 #: A JSON escape in serialized bytes (``\n``, ``\t`` … ``\u0001``): in the text it
 #: stands for a character that is not a word character.
@@ -65,6 +79,10 @@ _SERIALIZED_SPACE: Final = (
     r"(?:[\t\n\x0b\x0c\r\x1c-\x1f ]|\\[ntrf]|\\u00(?:0[bB]|1[c-fC-F])"
     r"|\xc2[\x85\xa0]|\xe1\x9a\x80|\xe2\x80[\x80-\x8a\xa8\xa9\xaf]|\xe2\x81\x9f|\xe3\x80\x80)"
 )
+#: Serialized text that sends a payload to the walk whatever else it holds: a ``bytes``
+#: value (base64, which no pattern reads), and a recorded stream.
+_BYTES_TAG: Final = f'"{TAG}":"byte'
+_STREAM: Final = '"chunks":['
 
 
 def _serialized(pattern: str) -> str:
@@ -101,37 +119,6 @@ def _serialized(pattern: str) -> str:
     return "".join(out)
 
 
-#: The default value patterns by the fragment the pre-filter finds for them, each
-#: starting with its literal text, so that ``re`` searches with a fast literal scan
-#: (an alternation behind ``\b`` costs ~40 ns a byte), and whether a word boundary
-#: must come before it (checked by hand).
-_VALUE_SCANS: Final = {
-    b"sk-": (re.compile(rb"sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}"), True),
-    b"ghp_": (re.compile(rb"ghp_[A-Za-z0-9_]{20,}"), True),
-    b"gho_": (re.compile(rb"gho_[A-Za-z0-9_]{20,}"), True),
-    b"ghs_": (re.compile(rb"ghs_[A-Za-z0-9_]{20,}"), True),
-    b"github_pat_": (re.compile(rb"github_pat_[A-Za-z0-9_]{20,}"), True),
-    b"xox": (re.compile(rb"xox[abpr]-[A-Za-z0-9\-]{10,}"), True),
-    b"akia": (re.compile(rb"AKIA[0-9A-Z]{16}\b"), True),
-    b"bearer": (re.compile(_serialized(r"Bearer\s+[A-Za-z0-9._~+/=\-]{8,}").encode()), True),
-    b"private key": (re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----"), False),
-}
-#: Every default value pattern contains one of these, lower-cased.
-_VALUE_FRAGMENTS: Final = tuple(f.decode() for f in _VALUE_SCANS)
-
-
-#: For each fragment: (may be part of a secret key name, may start a secret value). A
-#: fragment whose end may begin a key fragment counts as part of a key name too: ``findall``
-#: does not overlap its matches, so in "akiauth" it finds "akia" and never sees "auth".
-_FRAGMENT_KINDS: Final = {
-    f.encode(): (
-        any(k in f or any(f.endswith(k[:n]) for n in range(1, len(k))) for k in _KEY_FRAGMENTS),
-        f in _VALUE_FRAGMENTS,
-    )
-    for f in (*_KEY_FRAGMENTS, *_VALUE_FRAGMENTS)
-}
-
-
 _ESCAPE_BEFORE: Final = re.compile(rf"(?:{_ESCAPE})\Z".encode())
 
 
@@ -140,58 +127,65 @@ def _after_escape(payload: bytes, start: int) -> bool:
     return _ESCAPE_BEFORE.search(payload, max(0, start - 6), start) is not None
 
 
-def _value_found(payload: bytes, fragments: set[bytes]) -> bool:
-    """Whether a default value pattern matches ``payload``, trying only the patterns
-    of the fragments found (what ``\\b(?:…)|…`` over the whole payload decides)."""
-    for fragment in fragments:
-        scan = _VALUE_SCANS.get(fragment)
-        if scan is None:
-            continue
-        rx, bounded = scan
-        m = rx.search(payload)
-        while m is not None:
-            start = m.start()
-            if (
-                not bounded
-                or start == 0
-                or payload[start - 1] not in _WORD
-                or _after_escape(payload, start)
-            ):
-                return True
-            m = rx.search(payload, start + 1)  # a later start may still match
-    return False
+def _hides(fragments: Iterable[str]) -> dict[str, frozenset[str]]:
+    """For each fragment, the fragments a match of it may hide from ``findall`` (which does
+    not overlap its matches): those inside it, and those its end may begin."""
+    frags = list(dict.fromkeys(fragments))
+    out: dict[str, frozenset[str]] = {}
+    for f in frags:
+        out[f] = frozenset(
+            g
+            for g in frags
+            if g != f and (g in f or any(f.endswith(g[:n]) for n in range(1, len(g))))
+        )
+    return out
 
 
-#: Text every match of a default value pattern contains, case and all: a string holding
-#: none of them is left as it is without running the patterns over it.
-_DEFAULT_VALUE_LITERALS: Final = (
-    "sk-",
-    "ghp_",
-    "gho_",
-    "ghs_",
-    "github_pat_",
-    "xox",
-    "AKIA",
-    "Bearer",
-    "-----BEGIN ",
-)
 #: Below this size a payload is scanned by ``re``, and below the next a string is not
 #: checked by re2 first. re2 releases the interpreter lock on every call: where another
 #: thread waits for it (the writer process runs several), giving it up and waiting to get
 #: it back costs more than re2 saves on a smaller text (in the writer process, about even
 #: at 300 to 450 bytes, re2 ahead from 600).
-_RE2_MIN_PAYLOAD: Final = 512
+_RE2_MIN_PAYLOAD: Final = 0
 _TEXT_HINT_MIN: Final = 512
+
+
+class _Scan:
+    """One detector's byte scan (``re``): over the lower-cased payload when ``lower``."""
+
+    __slots__ = ("bounded", "lower", "rx")
+
+    def __init__(self, detector: Detector) -> None:
+        pattern = detector.scan.replace("{name}", rf"(?:{NAME_FRAGMENT.pattern})[a-z0-9_.\-]*")
+        self.rx = re.compile(_serialized(pattern).encode())
+        self.lower = detector.lower
+        self.bounded = detector.bounded
+
+    def found(self, payload: bytes, low: bytes) -> bool:
+        text = low if self.lower else payload
+        m = self.rx.search(text)
+        if not self.bounded:
+            return m is not None
+        while m is not None:
+            start = m.start()
+            if start == 0 or text[start - 1] not in _WORD or _after_escape(text, start):
+                return True
+            m = self.rx.search(text, start + 1)  # a later start may still match
+        return False
 
 
 class Redactor:
     """Replaces secrets in a JSON payload before it is fingerprinted or stored.
 
     A value is redacted when its key is a secret-looking name (``authorization``,
-    ``api_key`` …, matched case-insensitively), when it is the second item of a
-    ``[name, value]`` pair with such a name (headers as a list of pairs), or when
-    a string matches a secret pattern (``sk-…``, ``Bearer …``). The check runs first over the
-    serialized bytes, so payloads without secrets cost one regex scan.
+    ``db_password``, ``X-Auth-Token``, ``openai_api_key`` …: see
+    :func:`~replayable.events._secrets.secret_name`; with ``key_words=False`` only the
+    names in ``keys``, matched case-insensitively), when it is the second item of a
+    ``[name, value]`` pair with such a name (headers as a list of pairs), or where a
+    string holds a secret shape (``sk-…``, a JWT, a private-key block, the password of
+    ``postgresql://u:pass@h``, ``password=…`` …). Bytes are looked at decoded and
+    decompressed; a recorded stream as the text its events assemble into. The check
+    runs first over the serialized bytes, so payloads without secrets cost one scan.
     """
 
     def __init__(
@@ -201,105 +195,307 @@ class Redactor:
         *,
         extra_keys: Iterable[str] = (),
         extra_patterns: Iterable[str] = (),
+        key_words: bool = True,
     ) -> None:
         self.keys = frozenset(k.lower() for k in (*keys, *extra_keys))
+        self.key_words = key_words
         patterns = [*value_patterns, *extra_patterns]
         self.patterns = tuple(patterns)
-        self._value_re = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
-        key_alt = "|".join(re.escape(k) for k in sorted(self.keys, key=len, reverse=True))
+        n = len(_DEFAULT_VALUE_PATTERNS)
+        builtin = tuple(patterns[:n]) == _DEFAULT_VALUE_PATTERNS
+        self._detectors: tuple[Detector, ...] = DETECTORS if builtin else ()
+        user = patterns[n:] if builtin else patterns
+        self._user_patterns = tuple(user)
+        self._text_rx = [(d, re.compile(d.text)) for d in self._detectors]
+        self._user_re = re.compile("|".join(f"(?:{p})" for p in user)) if user else None
+        # Names the word rule does not cover are scanned for as they are.
+        exact = sorted(
+            (k for k in self.keys if not (key_words and secret_name(k))), key=len, reverse=True
+        )
+        self._exact = tuple(exact)
+        key_alt = "|".join(re.escape(k) for k in exact)
         # A secret name followed by ':' (a dict key) or ',' (the name of a pair), matched
         # on the lower-cased payload: a case-insensitive regex costs ten times more.
-        self._key_scan = re.compile(rf'"(?:{key_alt})"\s*[:,]'.encode()) if self.keys else None
-
-        serialized = [_serialized(p) for p in patterns]
-        self._value_scan = (
-            re.compile("|".join(f"(?:{p})" for p in serialized).encode()) if patterns else None
+        self._key_scan = re.compile(rf'"(?:{key_alt})"\s*[:,]'.encode()) if exact else None
+        self._name_scan = (
+            re.compile(rf'(?:{NAME_FRAGMENT.pattern})[a-z0-9_.\- ]*"\s*[:,]'.encode())
+            if key_words
+            else None
         )
-        # One pass over the lower-cased payload for fragments that every default key
-        # and pattern contains; most payloads hold none, and then nothing else runs.
-        defaults = (
-            not extra_patterns
-            and tuple(value_patterns) == _DEFAULT_VALUE_PATTERNS
-            and all(any(f in k for f in _KEY_FRAGMENTS) for k in self.keys)
+        serialized = [_serialized(p) for p in user]
+        self._user_scan = (
+            re.compile("|".join(f"(?:{p})" for p in serialized).encode()) if user else None
         )
-        self._prefilter = (
-            re.compile(
-                "|".join(re.escape(f) for f in (*_KEY_FRAGMENTS, *_VALUE_FRAGMENTS)).encode()
+        # One pass over the lower-cased payload for the fragments every secret name and
+        # every detector's match contains; most payloads hold none, and then only the
+        # user's own keys and patterns are scanned for.
+        self._scans = {id(d): _Scan(d) for d in self._detectors}
+        by_fragment: dict[str, list[Detector]] = {}
+        for d in self._detectors:
+            for f in d.fragments:
+                by_fragment.setdefault(f, []).append(d)
+        names = KEY_FRAGMENTS if key_words else ()
+        fragments = [*names, *by_fragment, _BYTES_TAG, _STREAM]
+        hides = _hides(fragments)
+        self._dispatch: dict[bytes, tuple[bool, tuple[Detector, ...], bool]] = {}
+        for f in fragments:
+            reach = {f, *hides[f]}
+            dets = tuple(dict.fromkeys(d for g in reach for d in by_fragment.get(g, ())))
+            self._dispatch[f.encode()] = (
+                any(g in names for g in reach),
+                dets,
+                bool(reach & {_BYTES_TAG, _STREAM}),
             )
-            if defaults
-            else None
+        alternation = "|".join(
+            "token(?!s)" if f == "token" and key_words else re.escape(f) for f in fragments
         )
-        # With re2 the scans above serve only for what it does not take, and there is no
-        # pre-filter: one re2 pass over everything costs less than the pre-filter alone.
-        self._re2_scans = _re2_scans(self.keys, serialized) if _re2 is not None else None
-        # Over a string the value patterns stay with ``re``, whose Unicode reading of ``\b``
-        # and ``\s`` re2 does not share; re2 only rules out long strings that hold none of
-        # the defaults' literal text.
+        self._prefilter = re.compile(alternation.encode())
+        self._text_prefilter = re.compile(alternation)
+        self._re2_pattern = b""  # what re2 scans for, once built
+        self._re2_scans = self._build_re2() if _re2 is not None else None
+        # Over a long string, re2 first rules out one that holds no fragment at all.
         self._text_hint = (
-            _re2_compile("|".join(re.escape(t) for t in _DEFAULT_VALUE_LITERALS).encode())
-            if _re2 is not None and tuple(patterns) == _DEFAULT_VALUE_PATTERNS
+            _re2_compile(("(?i:" + "|".join(re.escape(f) for f in fragments) + ")").encode())
+            if _re2 is not None and self._user_re is None
             else None
         )
+
+    # -- the byte scans --------------------------------------------------------------
+
+    def _build_re2(self) -> tuple[Any, Any] | None:
+        """``(scan, rest)``: one re2 pass over the payload (secret-name candidates in group
+        1, the user's names, the detectors, the user's patterns, the bytes tag; ASCII case
+        folded where the ``re`` scans read the lower-cased payload), and ``re`` for the
+        patterns re2 does not read as ``re`` does."""
+        # Group 1: a candidate secret name; group 2: a recorded stream.
+        name = f'(?i:"[a-z0-9_.\\-]*{name_fragment_re2()}"[{_SPACE}]*[:,])'
+        parts = [
+            f"({name})" if self.key_words else "(\\b\\B)",  # \b\B never matches
+            f"({re.escape(_STREAM)})",
+            re.escape(_BYTES_TAG),
+        ]
+        rest: list[str] = []
+        if self._exact:
+            if not all(k.isascii() for k in self._exact):
+                return None
+            names = "|".join(re.escape(k) for k in self._exact)
+            parts.append(f'(?i:"(?:{names})"[{_SPACE}]*[:,])')
+        for d in self._detectors:
+            spelt = _re2_syntax(_serialized(d.scan.replace("{name}", name_fragment_re2())))
+            if spelt is None:
+                return None
+            if d.bounded:
+                spelt = rf"(?:\b|{_ESCAPE}){spelt}"
+            parts.append(f"(?i:{spelt})" if d.lower else spelt)
+        user = [_serialized(p) for p in self._user_patterns]
+        if not _scanned_apart(user):
+            rest = user  # one alternation, its groups numbered as ``re`` numbers them
+            user = []
+        for p in user:
+            spelt = _re2_syntax(p)
+            if spelt is None or _re2_compile(spelt.encode()) is None:
+                rest.append(p)
+            else:
+                parts.append(f"(?:{spelt})")
+        self._re2_pattern = "|".join(parts).encode()
+        scan = _re2_compile(self._re2_pattern)
+        if scan is None:
+            return None
+        rest_scan = re.compile("|".join(f"(?:{p})" for p in rest).encode()) if rest else None
+        return _re2_matcher(scan), rest_scan
+
+    def _name_found(self, payload: bytes, start: int, end: int) -> bool:
+        """Whether the candidate name a scan found at ``start:end`` (from within the name,
+        or its opening quote, to the ``:`` or ``,`` after it) is a secret name."""
+        close = payload.rfind(b'"', start + 1, end)
+        open_ = payload.rfind(b'"', max(0, start - 81), start + 1)
+        if open_ < 0 or close < 0:
+            return False
+        try:
+            name = payload[open_ + 1 : close].decode("ascii")
+        except UnicodeDecodeError:
+            return False
+        return self.secret_key(name)
 
     def needs_redaction(self, payload: bytes) -> bool:
         """Whether serialized ``payload`` may hold a secret (a cheap, conservative scan)."""
         scans = self._re2_scans
         if scans is not None and len(payload) >= _RE2_MIN_PAYLOAD:
-            scan, low_scan, rest = scans
-            return (
-                (scan is not None and scan.search(payload) is not None)
-                or (low_scan is not None and low_scan.search(payload.lower()) is not None)
-                or (rest is not None and rest.search(payload) is not None)
-            )
-        low = payload.lower()
-        prefilter = self._prefilter
-        if prefilter is None:
-            if self._key_scan is not None and self._key_scan.search(low) is not None:
+            search, rest = scans
+            if rest is not None and rest.search(payload) is not None:
                 return True
-            return self._value_scan is not None and self._value_scan.search(payload) is not None
-        found = prefilter.findall(low)
-        if not found:
+            pos = 0
+            while (spans := search(payload, pos)) is not None:
+                name_start, name_end = spans[1]
+                if name_start >= 0:
+                    if self._name_found(payload, name_start, name_end):
+                        return True
+                    # Not a secret name: what else the name's text holds is still looked at.
+                    pos = name_start + 1
+                elif spans[2][0] < 0 or self._bare_stream(payload):
+                    return True
+                else:
+                    pos = spans[0][1]
             return False
-        # Only the scans the fragments call for: "token" in every LLM usage block
-        # ("prompt_tokens") must not send the payload through the value patterns.
-        kinds = _FRAGMENT_KINDS
-        if (
-            self._key_scan is not None
-            and any(kinds[f][0] for f in found)
-            and self._key_scan.search(low) is not None
-        ):
+        low = payload.lower()
+        if self._key_scan is not None and self._key_scan.search(low) is not None:
             return True
-        return any(kinds[f][1] for f in found) and _value_found(payload, set(found))
+        if self._user_scan is not None and self._user_scan.search(payload) is not None:
+            return True
+        prefilter = self._prefilter
+        if prefilter is None:  # every scan, as the pre-filter would choose them at most
+            names, special = self.key_words, True
+            detectors = {id(d): d for d in self._detectors}
+        else:
+            found = prefilter.findall(low)
+            if not found:
+                return False
+            names = special = False
+            detectors = {}
+            dispatch = self._dispatch
+            for f in set(found):
+                n, dets, s = dispatch[f]
+                names = names or n
+                special = special or s
+                for d in dets:
+                    detectors[id(d)] = d
+        if special and (_BYTES_TAG.encode() in payload or self._bare_stream(payload)):
+            return True
+        if names and self._name_scan is not None:
+            m = self._name_scan.search(low)
+            while m is not None:
+                if self._name_found(payload, m.start(), m.end()):
+                    return True
+                m = self._name_scan.search(low, m.end())
+        by_id = self._scans
+        return any(by_id[i].found(payload, low) for i in detectors)
+
+    @staticmethod
+    def _bare_stream(payload: bytes) -> bool:
+        """A recorded stream without the text it assembles into, which the scans read."""
+        return _STREAM.encode() in payload and (
+            b'"assembled"' not in payload or b'"assembled":null' in payload
+        )
+
+    # -- the walk --------------------------------------------------------------------
 
     def __call__(self, tree: Any) -> Any:
         """A copy of the JSON ``tree`` with secrets replaced by ``[REDACTED]``."""
-        return self._walk(tree)
+        return self._walk(tree, True)
 
-    def _walk(self, value: Any) -> Any:
+    def secret_key(self, name: str) -> bool:
+        """Whether values under ``name`` (a key, header, variable) are redacted whole."""
+        return name.lower() in self.keys or (self.key_words and secret_name(name))
+
+    def _walk(self, value: Any, text: bool) -> Any:
         if isinstance(value, dict):
+            if text:
+                special = self._special(value)
+                if special is not None:
+                    return special
             out = {}
             for k, v in value.items():
-                if isinstance(k, str) and k.lower() in self.keys and v is not None:
+                if isinstance(k, str) and v is not None and self.secret_key(k):
                     out[k] = REDACTED
                 else:
-                    out[k] = self._walk(v)
+                    out[k] = self._walk(v, text)
             return out
         if isinstance(value, list):
             if (
                 len(value) == 2
                 and isinstance(value[0], str)
-                and value[0].lower() in self.keys
                 and value[1] is not None
+                and self.secret_key(value[0])
             ):
                 # A (name, value) pair: headers as a list of pairs, a tagged non-str-key map.
                 return [value[0], REDACTED]
-            return [self._walk(v) for v in value]
-        if isinstance(value, str) and self._value_re is not None:
+            return [self._walk(v, text) for v in value]
+        if text and isinstance(value, str):
             return self._redact_text(value)
         return value
 
+    def _special(self, node: dict[str, Any]) -> Any:
+        """A tagged ``bytes`` value or a recorded stream, redacted; ``None`` for other dicts."""
+        tag = node.get(TAG)
+        if (tag == "bytes" or tag == "bytearray") and len(node) == 2:
+            return _payloads.redact_tagged_bytes(node, self._redact_document, self._spans) or node
+        chunks = node.get("chunks")
+        if "data" not in node or not isinstance(chunks, list):
+            return None
+        if not all(isinstance(c, list) and c and isinstance(c[0], int) for c in chunks):
+            return None
+        out = {k: (v if k in ("data", "chunks") else self._walk(v, True)) for k, v in node.items()}
+        data = node["data"]
+        sizes = [c[0] for c in chunks]
+        if isinstance(data, str):
+            done = _payloads.redact_stream(
+                data,
+                sizes,
+                self._spans,
+                self._redact_text,
+                lambda v: self._walk(v, False),
+                REDACTED,
+            )
+            if done is None:
+                return out
+            out["data"], new_sizes = done
+        elif isinstance(data, dict) and data.get(TAG) in ("bytes", "bytearray"):
+            redacted = _payloads.redact_tagged_bytes(data, self._redact_document, self._spans)
+            if redacted is None:
+                return out
+            old = len(base64.b64decode(data["v"]))
+            new = len(base64.b64decode(redacted["v"]))
+            out["data"], new_sizes = redacted, _payloads.rescale(sizes, old, new)
+        else:
+            return out
+        out["chunks"] = [[n, *c[1:]] for n, c in zip(new_sizes, chunks, strict=True)]
+        return out
+
+    # -- text ------------------------------------------------------------------------
+
+    def _spans(self, text: str) -> list[tuple[int, int]]:
+        """Where ``text`` holds secrets: sorted, disjoint ``(start, end)`` spans."""
+        spans: list[tuple[int, int]] = []
+        if self._text_rx:
+            found = self._text_prefilter.findall(text.lower())
+            if found:
+                wanted: set[int] = set()
+                dispatch = self._dispatch
+                for f in set(found):
+                    wanted.update(id(d) for d in dispatch[f.encode()][1])
+                for d, rx in self._text_rx:
+                    if id(d) in wanted:
+                        self._matches(d, rx, text, spans)
+        if self._user_re is not None:
+            spans.extend(m.span() for m in self._user_re.finditer(text) if m.end() > m.start())
+        if not spans:
+            return spans
+        spans.sort()
+        merged = [spans[0]]
+        for s, e in spans[1:]:
+            last_s, last_e = merged[-1]
+            if s <= last_e:
+                merged[-1] = (last_s, max(last_e, e))
+            else:
+                merged.append((s, e))
+        return merged
+
+    @staticmethod
+    def _matches(d: Detector, rx: re.Pattern[str], text: str, spans: list[tuple[int, int]]) -> None:
+        check = d.check
+        secret = "secret" in rx.groupindex
+        m = rx.search(text)
+        while m is not None:
+            if check is not None and not check(m):
+                m = rx.search(text, m.start() + 1)  # a later start may still be one
+                continue
+            span = m.span("secret") if secret else m.span()
+            if span[1] > span[0]:
+                spans.append(span)
+            m = rx.search(text, max(m.end(), m.start() + 1))
+
     def _redact_text(self, text: str) -> str:
-        """``text`` with every match of the value patterns replaced."""
+        """``text`` with every secret in it replaced."""
         hint = self._text_hint
         if (
             hint is not None
@@ -307,8 +503,44 @@ class Redactor:
             and hint.search(text.encode("utf-8", "surrogatepass")) is None
         ):
             return text
-        assert self._value_re is not None
-        return self._value_re.sub(REDACTED, text)
+        spans = self._spans(text)
+        return _payloads.splice(text, spans, REDACTED) if spans else text
+
+    def _redact_document(self, text: str) -> str:
+        """A body's text: JSON lines (or server-sent events) as JSON, anything else as text."""
+        done = _payloads.redact_stream(
+            text, [], self._spans, self._redact_text, lambda v: self._walk(v, False), REDACTED
+        )
+        return text if done is None else done[0]
+
+    def redact_text(self, text: str) -> str:
+        """``text`` (an error message, a repr) with the secrets it holds replaced."""
+        return self._redact_text(text)
+
+    def redact_object(self, value: Any, depth: int = 0) -> Any:
+        """A copy of a live Python value (a paused frame's local) for showing: strings,
+        containers and values under secret names redacted; other objects as they are."""
+        if isinstance(value, str):
+            return self._redact_text(value)
+        if depth > 8:
+            return value
+        if isinstance(value, dict):
+            return {
+                k: REDACTED
+                if isinstance(k, str) and v is not None and self.secret_key(k)
+                else self.redact_object(v, depth + 1)
+                for k, v in value.items()
+            }
+        if isinstance(value, list | tuple | set | frozenset) and type(value) in (
+            list,
+            tuple,
+            set,
+            frozenset,
+        ):
+            return type(value)(self.redact_object(v, depth + 1) for v in value)
+        if isinstance(value, bytes):
+            return _payloads.redact_blob(value, self._redact_document, self._spans)
+        return value
 
     def redact_bytes(self, payload: bytes) -> bytes:
         """``payload`` with secrets redacted, its keys in the order they had (a canonical
@@ -323,10 +555,10 @@ class Redactor:
         out: dict[str, str] = {}
         for name, value in env.items():
             lowered = name.lower()
-            if any(part in lowered for part in ("key", "token", "secret", "password", "auth")):
+            if self.secret_key(name) or any(
+                part in lowered for part in ("key", "token", "secret", "password", "auth")
+            ):
                 out[name] = REDACTED
-            elif self._value_re is not None:
-                out[name] = self._redact_text(value)
             else:
-                out[name] = value
+                out[name] = self._redact_text(value)
         return out

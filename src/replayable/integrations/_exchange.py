@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl, unquote
 
 import orjson
 
+from replayable.events.redaction import REDACTED, query_secret_name
 from replayable.integrations import _wire
 
 __all__ = [
@@ -266,7 +267,12 @@ def build_request(kind: str, name: str, raw: Any) -> tuple[dict[str, Any], dict[
     field, value = body_value(headers.get("content-type", ""), body)
     req: dict[str, Any] = {"method": method, "path": path}
     if query:
-        req["query"] = sorted(parse_qsl(query.decode(), keep_blank_values=True))
+        # A credential in the URL (``?key=…``, a signed URL's ``sig``) under a name that
+        # only a query gives it away by.
+        req["query"] = sorted(
+            (k, REDACTED if v and query_secret_name(k) else v)
+            for k, v in parse_qsl(query.decode(), keep_blank_values=True)
+        )
     req["headers"] = headers
     req[field] = value
     meta: dict[str, Any] = {"host": host, "transport": transport}

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from replayable.capture.config import settings
 from replayable.events.model import Event
+from replayable.events.redaction import REDACTED
 
 __all__ = ["FrameInfo", "PausePoint", "capture_stack", "safe_repr", "user_site"]
 
@@ -30,10 +32,16 @@ _repr.maxdict = 10
 _repr.maxlevel = 3
 
 
-def safe_repr(value: Any) -> str:
-    """A short repr that never raises: long values are cut, broken ones named."""
+def safe_repr(value: Any, name: str | None = None) -> str:
+    """A short repr that never raises, with secrets redacted: long values are cut, broken
+    ones named; a value whose ``name`` is secret-looking, and the secrets in any other,
+    are replaced as they would be in a recording (shown locals are never stored, but
+    they are printed and sent to a browser)."""
+    redactor = settings.redactor
+    if name is not None and redactor.secret_key(name):
+        return REDACTED
     try:
-        return _repr.repr(value)
+        return redactor.redact_text(_repr.repr(redactor.redact_object(value)))
     except Exception as exc:  # a user __repr__ may raise anything
         return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
 
@@ -165,7 +173,9 @@ def _walk(frame: types.FrameType | None, keep_frames: bool, spawned: bool) -> li
                     file=file,
                     line=frame.f_lineno,
                     locals={
-                        k: safe_repr(v) for k, v in frame.f_locals.items() if not k.startswith("__")
+                        k: safe_repr(v, k)
+                        for k, v in frame.f_locals.items()
+                        if not k.startswith("__")
                     },
                     frame=frame if keep_frames else None,
                 )
