@@ -332,7 +332,7 @@ def secrets_by_channel() -> dict[str, dict[str, str]]:
 
 
 def shape_count() -> int:
-    return len(TEXT_SHAPES) + len(FIELD_SHAPES) + len(URL_FIELDS)
+    return len(TEXT_SHAPES) + len(FIELD_SHAPES) + len(URL_FIELDS) + len(QUERY_FIELDS)
 
 
 def fields(channel: str) -> dict[str, str]:
@@ -521,7 +521,7 @@ def plant_everything(base_url: str, inputs: dict[str, Any]) -> dict[str, Any]:
         failing_tool("db.internal")
     except ConnectionError:
         pass
-    client = openai.OpenAI(
+    with openai.OpenAI(
         api_key="sk-test-corpus-key-0000000000000000",
         base_url=f"{base_url}/v1",
         default_headers={
@@ -529,19 +529,19 @@ def plant_everything(base_url: str, inputs: dict[str, Any]) -> dict[str, Any]:
             **{f"X-Corpus-{i}": t for i, t in enumerate(texts("request-headers", one_line=True))},
         },
         max_retries=0,
-    )
-    reply = client.chat.completions.create(
-        model="fake", messages=[{"role": "user", "content": all_text("prompt")}]
-    )
-    streamed = "".join(
-        chunk.choices[0].delta.content or ""
-        for chunk in client.chat.completions.create(
-            model="fake",
-            messages=[{"role": "user", "content": all_text("stream")}],
-            stream=True,
+    ) as client:
+        reply = client.chat.completions.create(
+            model="fake", messages=[{"role": "user", "content": all_text("prompt")}]
         )
-        if chunk.choices
-    )
+        streamed = "".join(
+            chunk.choices[0].delta.content or ""
+            for chunk in client.chat.completions.create(
+                model="fake",
+                messages=[{"role": "user", "content": all_text("stream")}],
+                stream=True,
+            )
+            if chunk.choices
+        )
     with httpx.Client(base_url=base_url) as http:
         http.get("/headers")
         params = {**fields("query"), **{f"note{i}": t for i, t in enumerate(texts("query"))}}

@@ -3,6 +3,7 @@ fingerprinting, so replay still matches when only a secret changed."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import random
@@ -20,6 +21,7 @@ import replayable
 from replayable.events import _re2 as re2_module
 from replayable.events import redaction as redaction_module
 from replayable.events.canonical import canonical
+from replayable.events.codec import decode_value
 from replayable.events.redaction import REDACTED, Redactor
 from replayable.store.sqlite import SQLiteStore
 
@@ -272,6 +274,12 @@ WORDS = [
     "weather in paris tomorrow will be mild with light rain in the morning",
     "acct-123456", "tok 0123abcd", "tok\x0b0123abcd", "pin=1234", "pin=12", "secret-aa",
     "end-marker", "INTERNAL-abc", "zz", "azz",
+    # Names by their words, assignments, URLs, tokens with other prefixes, tagged bytes.
+    "db_password", "X-Auth-Token", "openai_api_key", "prompt_tokens", "tokens", "token_type",
+    "password=hunter22x", "password: ", "'db_password': '", "postgresql://u:pa55word@h/db",
+    "eyJabcdefghijk.abcdefghijkl.", "AIza" + "f" * 35, "glpat-" + "g" * 20, "key-" + "0" * 32,
+    "-----BEGIN EC PRIVATE KEY-----", "Basic dXNlcjpwYXNzd29yZA==", ":AA" + "h" * 33,
+    "?key=", "&sig=", "AccountKey=", "tokenizer", "keyword", '"$t":"bytes"', "sessionid",
 ]  # fmt: skip
 #: Raw bytes for payloads that are not canonical JSON: key names followed by the spaces
 #: ``re`` and re2 read differently, Latin-1 letters, bytes that are not UTF-8, a final
@@ -479,6 +487,7 @@ def test_redaction_without_re2() -> None:
 import sys
 sys.modules["re2"] = None  # the import fails as when the package is missing
 from replayable.events.canonical import canonical
+from replayable.events.codec import decode_value
 from replayable.events.redaction import Redactor, _re2
 assert _re2 is None
 r = Redactor()
@@ -540,3 +549,62 @@ def test_a_token_after_any_kind_of_space_is_redacted(
         if b"abcdefgh1234" in stored or not redactor.needs_redaction(payload):
             missed.append(hex(ord(space)))
     assert missed == []
+
+
+@replayable.tool
+def echo_note(note: str) -> str:
+    return note
+
+
+def test_a_secret_in_a_string_with_a_lone_surrogate_is_redacted(
+    sqlite_store: SQLiteStore, sqlite_path: Path
+) -> None:
+    """A string JSON cannot hold (a lone surrogate) is stored as its bytes in base64; a
+    secret in it is redacted all the same, and the rest of the string kept."""
+
+    @replayable.workflow
+    def odd() -> str:
+        return echo_note(f"\ud800 key {API_KEY}")
+
+    with replayable.recording(sqlite_store) as rec:
+        odd()
+    (event,) = sqlite_store.events(rec.run_ids[0])
+    assert decode_value(event.response, event.encoding) == f"\ud800 key {REDACTED}"
+    sqlite_store.close()
+    data = database_bytes(sqlite_path)
+    assert API_KEY.encode() not in data
+    assert base64.b64encode(f"\ud800 key {API_KEY}".encode("utf-8", "surrogatepass")) not in data
+
+
+def test_a_key_split_across_anthropic_stream_events_is_redacted_consistently() -> None:
+    """A key cut into three ``text_delta`` events (and one network chunk boundary inside
+    an event) is redacted in the stream as in the assembled text: the chunk sizes add up
+    to the new data, and the deltas join into the redacted text."""
+    from replayable.integrations._sse import read_sse
+
+    text = f"use {TEXT_KEY} for the call"
+    pieces = [text[:9], text[9:20], text[20:]]
+    events = [b'event: message_start\ndata: {"type":"message_start","message":{"id":"m"}}\n\n']
+    for i, piece in enumerate(pieces):
+        delta = {"type": "content_block_delta", "index": 0}
+        delta["delta"] = {"type": "text_delta", "text": piece}
+        events.append(b"event: content_block_delta\ndata: " + orjson.dumps(delta) + b"\n\n")
+        if i == 0:
+            events.append(b'data: {"type":"ping"}\n\n')
+    events.append(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    raw = b"".join(events)
+    cut = len(events[0]) + 20  # a network chunk that ends inside the first delta's event
+    chunks = [[cut, 0], [len(raw) - cut, 5]]
+    assembled, _ = read_sse("anthropic.messages", raw)
+    value = {"stream": {"data": raw.decode(), "chunks": chunks}, "assembled": assembled}
+    payload = canonical(value)
+    r = Redactor()
+    assert r.needs_redaction(payload)
+    out = orjson.loads(r.redact_bytes(payload))
+    data = out["stream"]["data"].encode()
+    assert sum(size for size, _ in out["stream"]["chunks"]) == len(data)
+    again, _ = read_sse("anthropic.messages", data)
+    assert again["content"][0]["text"] == out["assembled"]["content"][0]["text"]
+    assert out["assembled"]["content"][0]["text"] == f"use {REDACTED} for the call"
+    for part in (TEXT_KEY, TEXT_KEY[:12], TEXT_KEY[-12:]):
+        assert part.encode() not in r.redact_bytes(payload)

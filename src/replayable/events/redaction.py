@@ -12,6 +12,7 @@ on ``re`` otherwise.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -82,7 +83,10 @@ _SERIALIZED_SPACE: Final = (
 #: Serialized text that sends a payload to the walk whatever else it holds: a ``bytes``
 #: value (base64, which no pattern reads), and a recorded stream.
 _BYTES_TAG: Final = f'"{TAG}":"byte'
+#: A string with a lone surrogate, which the codec stores as its UTF-8 bytes in base64.
+_STR_TAG: Final = f'"{TAG}":"str"'
 _STREAM: Final = '"chunks":['
+_STREAM_B: Final = _STREAM.encode()
 
 
 def _serialized(pattern: str) -> str:
@@ -127,7 +131,13 @@ def _after_escape(payload: bytes, start: int) -> bool:
     return _ESCAPE_BEFORE.search(payload, max(0, start - 6), start) is not None
 
 
-def _hides(fragments: Iterable[str]) -> dict[str, frozenset[str]]:
+#: Detector patterns compiled once a process, when first used (a writer that never meets
+#: a fragment never compiles the detector).
+_compiled = functools.lru_cache(maxsize=None)(re.compile)
+
+
+@functools.lru_cache(maxsize=16)
+def _hides(fragments: tuple[str, ...]) -> dict[str, frozenset[str]]:
     """For each fragment, the fragments a match of it may hide from ``findall`` (which does
     not overlap its matches): those inside it, and those its end may begin."""
     frags = list(dict.fromkeys(fragments))
@@ -153,24 +163,25 @@ _TEXT_HINT_MIN: Final = 512
 class _Scan:
     """One detector's byte scan (``re``): over the lower-cased payload when ``lower``."""
 
-    __slots__ = ("bounded", "lower", "rx")
+    __slots__ = ("bounded", "lower", "pattern")
 
     def __init__(self, detector: Detector) -> None:
         pattern = detector.scan.replace("{name}", rf"(?:{NAME_FRAGMENT.pattern})[a-z0-9_.\-]*")
-        self.rx = re.compile(_serialized(pattern).encode())
+        self.pattern = _serialized(pattern).encode()
         self.lower = detector.lower
         self.bounded = detector.bounded
 
     def found(self, payload: bytes, low: bytes) -> bool:
         text = low if self.lower else payload
-        m = self.rx.search(text)
+        rx = _compiled(self.pattern)
+        m = rx.search(text)
         if not self.bounded:
             return m is not None
         while m is not None:
             start = m.start()
             if start == 0 or text[start - 1] not in _WORD or _after_escape(text, start):
                 return True
-            m = self.rx.search(text, start + 1)  # a later start may still match
+            m = rx.search(text, start + 1)  # a later start may still match
         return False
 
 
@@ -206,7 +217,7 @@ class Redactor:
         self._detectors: tuple[Detector, ...] = DETECTORS if builtin else ()
         user = patterns[n:] if builtin else patterns
         self._user_patterns = tuple(user)
-        self._text_rx = [(d, re.compile(d.text)) for d in self._detectors]
+        self._text_rx = self._detectors
         self._user_re = re.compile("|".join(f"(?:{p})" for p in user)) if user else None
         # Names the word rule does not cover are scanned for as they are.
         exact = sorted(
@@ -235,8 +246,8 @@ class Redactor:
             for f in d.fragments:
                 by_fragment.setdefault(f, []).append(d)
         names = KEY_FRAGMENTS if key_words else ()
-        fragments = [*names, *by_fragment, _BYTES_TAG, _STREAM]
-        hides = _hides(fragments)
+        fragments = [*names, *by_fragment, _BYTES_TAG, _STR_TAG, _STREAM]
+        hides = _hides(tuple(fragments))
         self._dispatch: dict[bytes, tuple[bool, tuple[Detector, ...], bool]] = {}
         for f in fragments:
             reach = {f, *hides[f]}
@@ -244,13 +255,14 @@ class Redactor:
             self._dispatch[f.encode()] = (
                 any(g in names for g in reach),
                 dets,
-                bool(reach & {_BYTES_TAG, _STREAM}),
+                bool(reach & {_BYTES_TAG, _STR_TAG, _STREAM}),
             )
         alternation = "|".join(
             "token(?!s)" if f == "token" and key_words else re.escape(f) for f in fragments
         )
-        self._prefilter = re.compile(alternation.encode())
-        self._text_prefilter = re.compile(alternation)
+        self._prefilter = _compiled(alternation.encode())
+        self._text_prefilter = _compiled(alternation)
+        self._nothing = not (self.keys or self.patterns or key_words)
         self._re2_pattern = b""  # what re2 scans for, once built
         self._re2_scans = self._build_re2() if _re2 is not None else None
         # Over a long string, re2 first rules out one that holds no fragment at all.
@@ -267,12 +279,12 @@ class Redactor:
         1, the user's names, the detectors, the user's patterns, the bytes tag; ASCII case
         folded where the ``re`` scans read the lower-cased payload), and ``re`` for the
         patterns re2 does not read as ``re`` does."""
-        # Group 1: a candidate secret name; group 2: a recorded stream.
+        # Group 1: a candidate secret name.
         name = f'(?i:"[a-z0-9_.\\-]*{name_fragment_re2()}"[{_SPACE}]*[:,])'
         parts = [
             f"({name})" if self.key_words else "(\\b\\B)",  # \b\B never matches
-            f"({re.escape(_STREAM)})",
             re.escape(_BYTES_TAG),
+            re.escape(_STR_TAG),
         ]
         rest: list[str] = []
         if self._exact:
@@ -319,23 +331,24 @@ class Redactor:
 
     def needs_redaction(self, payload: bytes) -> bool:
         """Whether serialized ``payload`` may hold a secret (a cheap, conservative scan)."""
+        if self._nothing:
+            return False
         scans = self._re2_scans
         if scans is not None and len(payload) >= _RE2_MIN_PAYLOAD:
             search, rest = scans
             if rest is not None and rest.search(payload) is not None:
                 return True
+            if _STREAM_B in payload and self._bare_stream(payload):
+                return True
             pos = 0
             while (spans := search(payload, pos)) is not None:
                 name_start, name_end = spans[1]
-                if name_start >= 0:
-                    if self._name_found(payload, name_start, name_end):
-                        return True
-                    # Not a secret name: what else the name's text holds is still looked at.
-                    pos = name_start + 1
-                elif spans[2][0] < 0 or self._bare_stream(payload):
+                if name_start < 0:
                     return True
-                else:
-                    pos = spans[0][1]
+                if self._name_found(payload, name_start, name_end):
+                    return True
+                # Not a secret name: what else the name's text holds is still looked at.
+                pos = name_start + 1
             return False
         low = payload.lower()
         if self._key_scan is not None and self._key_scan.search(low) is not None:
@@ -359,7 +372,11 @@ class Redactor:
                 special = special or s
                 for d in dets:
                     detectors[id(d)] = d
-        if special and (_BYTES_TAG.encode() in payload or self._bare_stream(payload)):
+        if special and (
+            _BYTES_TAG.encode() in payload
+            or _STR_TAG.encode() in payload
+            or self._bare_stream(payload)
+        ):
             return True
         if names and self._name_scan is not None:
             m = self._name_scan.search(low)
@@ -372,10 +389,17 @@ class Redactor:
 
     @staticmethod
     def _bare_stream(payload: bytes) -> bool:
-        """A recorded stream without the text it assembles into, which the scans read."""
-        return _STREAM.encode() in payload and (
-            b'"assembled"' not in payload or b'"assembled":null' in payload
-        )
+        """A recorded stream without the text it assembles into, which the scans read.
+
+        The assembled text is stored after the stream; it is looked for there first, so
+        that a long stream is not searched three times over."""
+        at = payload.find(_STREAM_B)
+        if at < 0:
+            return False
+        found = payload.find(b'"assembled"', at)
+        if found < 0:
+            found = payload.find(b'"assembled"')
+        return found < 0 or payload.startswith(b'"assembled":null', found)
 
     # -- the walk --------------------------------------------------------------------
 
@@ -419,6 +443,16 @@ class Redactor:
         tag = node.get(TAG)
         if (tag == "bytes" or tag == "bytearray") and len(node) == 2:
             return _payloads.redact_tagged_bytes(node, self._redact_document, self._spans) or node
+        if tag == "str" and len(node) == 2 and isinstance(node.get("v"), str):
+            try:
+                text = base64.b64decode(node["v"]).decode("utf-8", "surrogatepass")
+            except (ValueError, UnicodeDecodeError):
+                return node
+            redacted = self._redact_text(text)
+            if redacted == text:
+                return node
+            raw = redacted.encode("utf-8", "surrogatepass")
+            return {TAG: "str", "v": base64.b64encode(raw).decode()}
         chunks = node.get("chunks")
         if "data" not in node or not isinstance(chunks, list):
             return None
@@ -440,12 +474,12 @@ class Redactor:
                 return out
             out["data"], new_sizes = done
         elif isinstance(data, dict) and data.get(TAG) in ("bytes", "bytearray"):
-            redacted = _payloads.redact_tagged_bytes(data, self._redact_document, self._spans)
-            if redacted is None:
+            body = _payloads.redact_tagged_bytes(data, self._redact_document, self._spans)
+            if body is None:
                 return out
             old = len(base64.b64decode(data["v"]))
-            new = len(base64.b64decode(redacted["v"]))
-            out["data"], new_sizes = redacted, _payloads.rescale(sizes, old, new)
+            new = len(base64.b64decode(body["v"]))
+            out["data"], new_sizes = body, _payloads.rescale(sizes, old, new)
         else:
             return out
         out["chunks"] = [[n, *c[1:]] for n, c in zip(new_sizes, chunks, strict=True)]
@@ -463,9 +497,9 @@ class Redactor:
                 dispatch = self._dispatch
                 for f in set(found):
                     wanted.update(id(d) for d in dispatch[f.encode()][1])
-                for d, rx in self._text_rx:
+                for d in self._text_rx:
                     if id(d) in wanted:
-                        self._matches(d, rx, text, spans)
+                        self._matches(d, _compiled(d.text), text, spans)
         if self._user_re is not None:
             spans.extend(m.span() for m in self._user_re.finditer(text) if m.end() > m.start())
         if not spans:
