@@ -82,8 +82,14 @@ def runs(
     found = store.list_runs(run_filter)
     total = store.count_runs(run_filter) if len(found) >= limit else len(found)
     counts: dict[str, int | None] = {r.run_id: _event_count(store, r) for r in found}
+    flags = {r.run_id: _flags(store, r) for r in found}
     if as_json:
-        _print_json([run_to_dict(r, event_count=counts[r.run_id]) for r in found])
+        _print_json(
+            [
+                {**run_to_dict(r, event_count=counts[r.run_id]), "flags": flags[r.run_id]}
+                for r in found
+            ]
+        )
     elif not found:
         stdout().print(f"no runs in {store.url} match", style="dim")
     elif piped():
@@ -95,6 +101,40 @@ def runs(
     if total > len(found):
         # On stderr, so that what a pipe or --json reads stays a clean listing.
         typer.echo(f"{len(found)} of {total} runs; --limit to see more", err=True)
+    # Flags go to stderr where stdout is a listing a program reads.
+    quiet = as_json or piped()
+    for run_id, problems in flags.items():
+        for problem in problems:
+            _warn_line(f"run {run_id}: {problem}", err=quiet)
+    orphans = sorted(store.event_run_ids() - set(store.iter_run_ids()))
+    if orphans:
+        shown = ", ".join(orphans[:3]) + ("…" if len(orphans) > 3 else "")
+        _warn_line(
+            f"{len(orphans)} run id(s) have events but no run record (orphaned): {shown}; "
+            "see `replayable verify --all`",
+            err=quiet,
+        )
+
+
+def _warn_line(message: str, *, err: bool) -> None:
+    if err:
+        typer.echo(f"⚠ {message}", err=True)
+    else:
+        stdout().print(Text.assemble(("⚠ ", "yellow"), (message, "yellow")))
+
+
+def _flags(store: EventStore, run: Run) -> list[str]:
+    """What is wrong with a listed run's rows beyond its status (a run whose end record
+    is missing is listed as incomplete): unreadable columns, seq numbers missing."""
+    out = [f"unreadable row: {p}" for p in run.problems]
+    events = store.events(run.run_id)
+    out += [f"unreadable event seq {e.seq}: {'; '.join(e.problems)}" for e in events if e.problems]
+    seqs = {e.seq for e in events if not e.problems}
+    missing = [n for n in range(1, max(seqs, default=0) + 1) if n not in seqs]
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + ("…" if len(missing) > 5 else "")
+        out.append(f"gap in its sequence: seq {shown} missing")
+    return out
 
 
 def show(
@@ -123,7 +163,12 @@ def show(
             {
                 "run": run_to_dict(record, event_count=len(events), detail=True, children=children),
                 "fully_captured": not any(e.kind == "gap" for e in events),
-                "events": [event_to_dict(e) for e in events],
+                "events": [
+                    {**event_to_dict(e), "problems": list(e.problems)}
+                    if e.problems
+                    else event_to_dict(e)
+                    for e in events
+                ],
                 "tree": tree_to_dict(store, root_run(store, record)),
                 "annotations": [annotation_to_dict(a, notes) for a in notes.history],
             }
@@ -131,6 +176,8 @@ def show(
         return
     console = whole_stdout()
     console.print(run_header(record, children, events, whole=piped()))
+    for problem in record.problems:
+        console.print(Text.assemble(("⚠ unreadable run record: ", "bold yellow"), problem))
     console.print()
     tree = run_tree(store, record)
     if tree is not None:
@@ -148,6 +195,14 @@ def show(
             by_step.setdefault(a.seq, []).append(annotation_lines(a))
     title = f"{len(events)} event{'' if len(events) == 1 else 's'}"
     console.print(timeline(events, title=title, whole=piped(), notes=by_step))
+    for e in events:
+        if e.problems:
+            console.print(
+                Text.assemble(
+                    (f"⚠ seq {e.seq} is unreadable: ", "bold yellow"),
+                    f"run {record.run_id}, " + "; ".join(e.problems),
+                )
+            )
     decisions = decisions_view(record, events)
     if decisions is not None:
         console.print()

@@ -229,6 +229,10 @@ def replay(
         )
     store = state(ctx).store()
     run_id = store.resolve(run)
+    unreadable = store.get_run(run_id).problems
+    if unreadable:
+        # A start record that cannot be read names no input to replay with.
+        raise fail(f"run {run_id} cannot be replayed: its record is unreadable ({unreadable[0]})")
     overrides = check_overrides(store, run_id, overrides)
     agent_paths()
     try:

@@ -21,6 +21,7 @@ DivergenceReason = Literal[
     "output_changed",
     "side_effect_blocked",
     "unrecorded_io",
+    "unreadable_record",
 ]
 
 _MISSING = "<missing>"
@@ -153,6 +154,13 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.reason == "calls_not_asked":
             return f"replay diverged at {at}: recorded calls were never asked for"
+        if self.reason == "unreadable_record":
+            bad = self.expected
+            what = "; ".join(bad.problems) if bad is not None else "it cannot be read"
+            return (
+                f"replay stopped at {at}: the recorded event is unreadable ({what}); "
+                "`replayable verify` names what else is wrong with the run"
+            )
         return "replay diverged: the run's output differs from the recorded output"
 
     def to_dict(self) -> dict[str, Any]:

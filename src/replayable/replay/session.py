@@ -177,6 +177,10 @@ class Served:
             return ReplayRun(self, self.store.get_run(run_id), self.store.events(run_id))
 
 
+def _seq(event: Event) -> int:
+    return event.seq
+
+
 class ReplayRun(RunContext):
     """A run being replayed: boundaries are answered from its tape."""
 
@@ -189,6 +193,8 @@ class ReplayRun(RunContext):
         self.tape = Tape(events)
         self.complete = run.end is not None
         self.partial = partial
+        # A stored row that could not be read: replay stops there, saying so.
+        self.unreadable = min((e for e in events if e.problems), key=_seq, default=None)
 
     def _serve(self, st: State, kind: str, name: str, request: Any, site: str | None) -> Event:
         self.session.check()
@@ -200,6 +206,13 @@ class ReplayRun(RunContext):
                 tape.extend(self.session.store.events(self.run_id))
             self.partial = False
             ev = tape.at(key)
+        bad = self.unreadable
+        if bad is not None and (ev is None or ev.problems or ev.seq >= bad.seq):
+            raise self.session.stop(
+                Divergence(
+                    reason="unreadable_record", run_id=self.run_id, step=bad.seq, expected=bad
+                )
+            )
         req, fp = request_fingerprint(kind, name, request, ev)
         if (
             ev is not None

@@ -326,6 +326,9 @@ def _check_end(run: Run, key: ChainKey | None, head: str, count: int, f: _Findin
             "(input, metadata, outcome or chain head was altered)",
         )
         return
+    if key is None and end.signature is not None:
+        f.add("altered", "the end record of an unkeyed chain carries a signature")
+        return
     if key is not None and not key.signature_holds(
         seal_message(run.run_id, end.last_hash), end.signature
     ):
