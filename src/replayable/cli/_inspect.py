@@ -29,7 +29,7 @@ from replayable.errors import AccessDeniedError, ConfigurationError, RunNotFound
 from replayable.events.model import Run
 from replayable.store import ChainReport, EventStore, RunFilter, StoreReport, verify_run
 from replayable.store.integrity import Integrity
-from replayable.store.verify import verify_store
+from replayable.store.verify import seq_gaps, verify_store
 
 __all__ = ["runs", "show", "verify"]
 
@@ -129,10 +129,9 @@ def _flags(store: EventStore, run: Run) -> list[str]:
     out = [f"unreadable row: {p}" for p in run.problems]
     events = store.events(run.run_id)
     out += [f"unreadable event seq {e.seq}: {'; '.join(e.problems)}" for e in events if e.problems]
-    seqs = {e.seq for e in events if not e.problems}
-    missing = [n for n in range(1, max(seqs, default=0) + 1) if n not in seqs]
-    if missing:
-        shown = ", ".join(map(str, missing[:5])) + ("…" if len(missing) > 5 else "")
+    gaps = seq_gaps(events)
+    if gaps:
+        shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps[:5])
         out.append(f"gap in its sequence: seq {shown} missing")
     return out
 

@@ -85,6 +85,22 @@ def _opt_json_text(v: Any) -> str | None:
     return None if v is None else _json_text(v)
 
 
+def _input_text(v: Any) -> str:
+    """A run's input: JSON text of ``{"args": [...], "kwargs": {...}}``."""
+    value = _json_object(v)
+    if type(value.get("args")) is not list or type(value.get("kwargs")) is not dict:
+        raise _Bad("is not an object of args (a list) and kwargs (an object)")
+    return str(v)
+
+
+def _opt_error_text(v: Any) -> str | None:
+    """An error record: JSON text of an object (type, message, args), or NULL."""
+    if v is None:
+        return None
+    _json_object(v)
+    return str(v)
+
+
 def _json_object(v: Any) -> dict[str, Any]:
     try:
         value = orjson.loads(_text(v))
@@ -130,7 +146,7 @@ RUN_COLUMNS: Final[tuple[tuple[str, _Check, Any], ...]] = (
     ("parent_seq", _opt_int, None),
     ("root_run_id", _text, ""),
     ("tenant", _opt_text, None),
-    ("input", _json_text, "null"),
+    ("input", _input_text, '{"args":[],"kwargs":{}}'),
     ("metadata", _json_object, dict),
     ("code", _json_object, dict),
     ("env_hash", _opt_text, None),
@@ -143,7 +159,7 @@ END_COLUMNS: Final[tuple[tuple[str, _Check, Any], ...]] = (
     ("run_id", _text, ""),
     ("status", _status, "failed"),
     ("output", _opt_json_text, None),
-    ("error", _opt_json_text, None),
+    ("error", _opt_error_text, None),
     ("ended_at", _number, 0.0),
     ("event_count", _int, -1),
     ("last_hash", _text, ""),
@@ -162,7 +178,7 @@ EVENT_COLUMNS: Final[tuple[tuple[str, _Check, Any], ...]] = (
     ("fingerprint", _text, ""),
     ("response", _opt_json_text, None),
     ("encoding", _encoding, "json"),
-    ("error", _opt_json_text, None),
+    ("error", _opt_error_text, None),
     ("side_effect", _bool, False),
     ("started_at", _number, 0.0),
     ("duration_ns", _int, 0),

@@ -42,7 +42,15 @@ from replayable.store.anchor import AnchoredRun, AnchorIndex
 from replayable.store.base import EventStore
 from replayable.store.integrity import Integrity, start_digest
 
-__all__ = ["STATUSES", "ChainReport", "Status", "StoreReport", "verify_run", "verify_store"]
+__all__ = [
+    "STATUSES",
+    "ChainReport",
+    "Status",
+    "StoreReport",
+    "seq_gaps",
+    "verify_run",
+    "verify_store",
+]
 
 Status = Literal[
     "intact", "altered", "missing", "truncated", "orphaned", "unkeyed", "gapped", "unsealed"
@@ -174,7 +182,7 @@ def _verify(
         f.add("altered", f"unreadable column {problem}")
     key, keyed, key_id = _chain_key(run, integrity, f, allow_unkeyed, anchored)
     head, checked = _walk(run_id, key, events, f)
-    gaps = _gaps(events)
+    gaps = seq_gaps(events)
     if gaps:
         shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps[:5])
         f.add("gapped", f"seq {shown} missing: those steps were never stored or were removed")
@@ -297,7 +305,8 @@ def _walk(run_id: str, key: ChainKey | None, events: list[Event], f: _Findings) 
     return prev, len(ordered)
 
 
-def _gaps(events: Iterable[Event]) -> list[tuple[int, int]]:
+def seq_gaps(events: Iterable[Event]) -> list[tuple[int, int]]:
+    """The ranges of seq numbers missing between 1 and the highest stored (readable) one."""
     seqs = sorted(e.seq for e in events if not e.problems)
     gaps: list[tuple[int, int]] = []
     expected = 1

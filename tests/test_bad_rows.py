@@ -1,0 +1,143 @@
+"""Readers report a bad row (run, seq, column, what is wrong) and go on; verify and runs
+name orphaned events, gaps and missing end records, each distinctly."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import typer
+from click.testing import CliRunner, Result
+
+import replayable
+from replayable.cli import app
+from replayable.store.rows import event_from_row, run_from_row
+from replayable.store.sqlite import SQLiteStore
+from tests import agents_for_cli as agents
+
+_COMMAND = typer.main.get_command(app)
+
+
+@pytest.fixture(autouse=True)
+def _plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agents, "VARIANT", "original")
+    for name in ("REPLAYABLE_STORE", "REPLAYABLE_CHAIN_KEY", "REPLAYABLE_ANCHOR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(path)
+    with replayable.recording(store) as rec:
+        agents.research("bad rows")
+    store.close()
+    return path, rec.run_ids[0]
+
+
+def _raw(path: Path, statement: str, params: tuple[object, ...]) -> None:
+    conn = sqlite3.connect(path)
+    for (name,) in list(conn.execute("SELECT name FROM sqlite_master WHERE type='trigger'")):
+        conn.execute(f"DROP TRIGGER {name}")
+    conn.execute(statement, params)
+    conn.commit()
+    conn.close()
+
+
+def _cli(path: Path, *args: str) -> Result:
+    return CliRunner().invoke(
+        _COMMAND, ["--store", f"sqlite:///{path}", *args], env={"COLUMNS": "250"}
+    )
+
+
+def test_row_decoding_names_the_column_and_keeps_the_rest() -> None:
+    """A bad column becomes a placeholder and a problem naming it; the others are read."""
+    good = ["r", 3, "tool", "t", None, None, None, "{}", "f", "1", "json", None, 0, 1.0, 5]
+    tail = ["{}", 2, "p", "h", 1]
+    assert event_from_row(good + tail).problems == ()
+    event = event_from_row([*good, "{broken", *tail[1:]])
+    assert len(event.problems) == 1
+    assert event.problems[0].startswith("metadata: is not valid JSON")
+    assert (event.metadata, event.name, event.seq) == ({}, "t", 3)
+    texty = event_from_row(["r", "x", *good[2:], *tail])
+    assert texty.problems == ("seq: is str 'x', not an integer",)
+    assert texty.seq == 3  # chain_index + 1 stands in for the unreadable seq
+    run = run_from_row(
+        ["r", "w", "e", None, None, "r", None, "[]", "{}", "{}", None, "{}", 1.0, 1, None]
+    )
+    assert run.problems == ("input: is JSON list, not an object",)
+
+
+def test_invalid_event_metadata_reported_by_every_reader(recorded: tuple[Path, str]) -> None:
+    """Invalid JSON in one event's metadata: verify names run, seq and column and exits 1,
+    runs flags the run, show prints the row as unreadable, replay stops at that step."""
+    path, run_id = recorded
+    _raw(path, "UPDATE events SET metadata = '{oops' WHERE run_id = ? AND seq = 2", (run_id,))
+    verify = _cli(path, "verify", "--all")
+    assert verify.exit_code == 1
+    assert f"run {run_id}: event 2: unreadable column metadata" in verify.stdout
+    runs = _cli(path, "runs")
+    assert runs.exit_code == 0
+    assert f"run {run_id}: unreadable event seq 2: metadata" in runs.output
+    show = _cli(path, "show", run_id)
+    assert show.exit_code == 0
+    assert f"seq 2 is unreadable: run {run_id}, metadata: is not valid JSON" in show.stdout
+    replay = _cli(path, "replay", run_id)
+    assert replay.exit_code == 1
+    assert "step 2" in replay.output
+    assert "unreadable" in replay.output
+    assert "Traceback" not in replay.output
+
+
+def test_text_seq_stops_replay_clearly(recorded: tuple[Path, str]) -> None:
+    """A seq stored as text is reported; replay stops there instead of crashing."""
+    path, run_id = recorded
+    _raw(path, "UPDATE events SET seq = 'three' WHERE run_id = ? AND seq = 3", (run_id,))
+    replay = _cli(path, "replay", run_id)
+    assert replay.exit_code == 1, replay.output
+    assert "unreadable" in replay.output
+    assert "seq: is str 'three', not an integer" in replay.output
+    assert "Traceback" not in replay.output
+
+
+def test_invalid_run_metadata_listed_flagged(recorded: tuple[Path, str]) -> None:
+    """A run whose metadata is not JSON is still listed, flagged, and fails verify."""
+    path, run_id = recorded
+    _raw(path, "UPDATE runs SET metadata = 'nope' WHERE run_id = ?", (run_id,))
+    runs = _cli(path, "runs")
+    assert runs.exit_code == 0
+    assert run_id[:8] in runs.stdout
+    assert "unreadable row: metadata: is not valid JSON" in runs.output
+    assert _cli(path, "verify", run_id).exit_code == 1
+    replay = _cli(path, "replay", run_id)
+    assert replay.exit_code == 2
+    assert "record is unreadable (metadata" in replay.output
+
+
+def test_orphans_gaps_and_missing_ends_named_distinctly(recorded: tuple[Path, str]) -> None:
+    """Events without a run row are orphaned; a missing seq is a gap; no end is unsealed."""
+    path, run_id = recorded
+    store = SQLiteStore(path)
+    with replayable.recording(store) as rec:
+        agents.research("second")
+    store.close()
+    other = rec.run_ids[0]
+    _raw(path, "DELETE FROM runs WHERE run_id = ?", (run_id,))
+    _raw(path, "DELETE FROM events WHERE run_id = ? AND seq = 2", (other,))
+    verify = _cli(path, "verify", "--all", "--json")
+    assert verify.exit_code == 1
+    import orjson
+
+    statuses = {r["run_id"]: r for r in orjson.loads(verify.stdout)}
+    assert statuses[run_id]["status"] == "orphaned"
+    assert statuses[other]["status"] == "altered"  # the chain breaks where the gap is
+    assert statuses[other]["gaps"] == [[2, 2]]
+    runs = _cli(path, "runs")
+    assert "orphaned" in runs.output
+    assert run_id in runs.output
+    assert "gap in its sequence: seq 2 missing" in runs.output
+    _raw(path, "DELETE FROM run_ends WHERE run_id = ?", (other,))
+    text = _cli(path, "verify", other)
+    assert text.exit_code == 1
+    assert "incomplete" in _cli(path, "runs").stdout
