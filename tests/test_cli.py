@@ -211,7 +211,9 @@ def test_runs_json_has_stable_keys(store, url):
         "parent_run_id",
         "tenant",
         "metadata",
+        "flags",
     }
+    assert row["flags"] == []  # what a reader found wrong with the run's rows
     assert row["run_id"] == run_id
     assert row["entrypoint"] == "tests.agents_for_cli:research"
     assert row["event_count"] == 3
