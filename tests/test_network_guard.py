@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import os
 import socket
 import threading
 import warnings
@@ -250,3 +251,56 @@ def test_unix_and_udp_sockets_are_not_network_gaps(tmp_path: Any) -> None:
         assert replayable.replay(rec.run_ids[0], store=store, fn=pair_agent).status == "identical"
     finally:
         listener.close()
+
+
+def test_cli_replay_refuses_then_allows_the_network(server: Any, tmp_path: Any) -> None:
+    """`replayable replay` exits 1 on unrecorded_io; --allow-network lets the call through."""
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    store = replayable.open_store(url)
+    run_id = _record(store, raw_agent, server.server_port)
+    store.close()
+    runner = CliRunner()
+    hits = server.hits
+    refused = runner.invoke(app, ["--store", url, "replay", run_id, "--json"])
+    assert refused.exit_code == 1, refused.output
+    assert '"unrecorded_io"' in refused.output
+    assert server.hits == hits
+    allowed = runner.invoke(app, ["--store", url, "replay", run_id, "--allow-network"])
+    assert allowed.exit_code == 0, allowed.output
+    assert server.hits == hits + 2
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_the_stores_own_connections_are_not_gaps(
+    writer: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's NATS anchor connects from its own thread or process: no gap, no warning."""
+    try:
+        socket.create_connection(("127.0.0.1", 4222), timeout=2).close()
+    except OSError as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"NATS at 127.0.0.1:4222 is not reachable: {exc}")
+        pytest.skip(f"NATS at 127.0.0.1:4222 is not reachable: {exc}")
+    monkeypatch.setenv("REPLAYABLE_ANCHOR", f"nats://127.0.0.1:4222/gaps_{os.getpid()}_{writer}")
+    from replayable.capture.config import settings
+
+    previous = settings.writer
+    settings.writer = writer
+    try:
+        store = replayable.open_store(f"sqlite:///{tmp_path / 'runs.db'}")
+        run_id = _record(store, tool_agent_offline)
+    finally:
+        settings.writer = previous
+    assert [e.kind for e in store.events(run_id)] == ["tool"]
+    assert _record.caught == []  # type: ignore[attr-defined]
+    store.close()
+
+
+@replayable.tool
+def offline_tool() -> int:
+    return 1
+
+
+@replayable.workflow
+def tool_agent_offline() -> int:
+    return offline_tool()

@@ -208,6 +208,14 @@ def replay(
             help="The workflow function to call instead of the recorded entrypoint.",
         ),
     ] = None,
+    allow_network: Annotated[
+        bool,
+        typer.Option(
+            "--allow-network",
+            help="Let connections made outside every boundary through (refused by default "
+            "in the parts served from the tape).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Re-execute a recorded run: exactly, up to a step, forked at a step, or counterfactually.
@@ -249,6 +257,7 @@ def replay(
             allow_live=allow_live or (),
             children=cast(Literal["tape", "live"], children),
             on_side_effect=cast(Literal["stop", "recorded"], on_side_effect),
+            allow_network=allow_network,
         )
     except ReplayError as exc:
         # One line and its own exit code: the replay never started.

@@ -81,7 +81,8 @@ def _check_step(store: EventStore, run: Run, events: list[Event], step: int, wha
             f"{what}={step} is beyond run {run.run_id}, which has {len(steps)} steps (1–{last})"
         )
     raise ConfigurationError(
-        f"{what}={step}: step {step} of run {run.run_id} is a span, not a call"
+        f"{what}={step}: step {step} of run {run.run_id} is a "
+        f"{next((e.kind for e in events if e.seq == step), 'span')}, not a call"
     )
 
 
