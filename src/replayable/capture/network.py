@@ -89,27 +89,25 @@ _OWN_PREFIX = __name__.rsplit(".", 2)[0] + "."
 
 def _origin(depth: int) -> tuple[str | None, str | None]:
     """``(call site, via)``: the nearest frame in the agent's own code (not the standard
-    library, an installed package or this package), and the module that connected."""
+    library, an installed package or this package), and the library module the agent
+    called into (the outermost library frame beneath that call site)."""
     try:
         f: Any = sys._getframe(depth + 1)
     except ValueError:
         return None, None
     via: str | None = None
-    fallback: str | None = None
+    fallback: tuple[str, str | None] | None = None
     while f is not None:
         module = f.f_globals.get("__name__", "")
-        co = f.f_code
-        if via is None and module not in ("socket", "ssl") and not module.startswith(_OWN_PREFIX):
-            via = module
         if not module.startswith(_OWN_PREFIX) and module not in ("socket", "ssl"):
+            co = f.f_code
             where = f"{co.co_filename}:{f.f_lineno} in {co.co_name}"
-            if not co.co_filename.startswith(_LIBRARY_DIRS) and not co.co_filename.startswith(
-                "<frozen"
-            ):
+            if not co.co_filename.startswith(_LIBRARY_DIRS + ("<frozen",)):
                 return where, via
-            fallback = fallback or where
+            via = module
+            fallback = fallback or (where, None)
         f = f.f_back
-    return fallback, via
+    return fallback if fallback is not None else (None, None)
 
 
 # -- the patch ----------------------------------------------------------------------
