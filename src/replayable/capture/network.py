@@ -84,6 +84,9 @@ _LIBRARY_DIRS = tuple(
         if (p := sysconfig.get_paths().get(key))
     }
 )
+#: Files that are not the agent's own code: the standard library, installed packages,
+#: frozen modules.
+_NOT_AGENT = (*_LIBRARY_DIRS, "<frozen")
 _OWN_PREFIX = __name__.rsplit(".", 2)[0] + "."
 
 
@@ -102,7 +105,7 @@ def _origin(depth: int) -> tuple[str | None, str | None]:
         if not module.startswith(_OWN_PREFIX) and module not in ("socket", "ssl"):
             co = f.f_code
             where = f"{co.co_filename}:{f.f_lineno} in {co.co_name}"
-            if not co.co_filename.startswith(_LIBRARY_DIRS + ("<frozen",)):
+            if not co.co_filename.startswith(_NOT_AGENT):
                 return where, via
             via = module
             fallback = fallback or (where, None)
