@@ -163,3 +163,50 @@ def test_surrogate_file_names_replay(memory_store: MemoryStore) -> None:
     result = replayable.replay(rec.run_ids[0], store=memory_store, fn=files)
     assert result.status == "identical", result.divergence
     assert result.output == live
+
+
+def test_error_naming_a_non_utf8_file_is_recorded_and_replays(sqlite_store: SQLiteStore) -> None:
+    """A FileNotFoundError for a non-UTF-8 name (its message holds lone surrogates) is kept:
+    the tool's step and the run's failure are stored, and replay raises it again."""
+    missing = os.fsdecode(b"/nonexistent/\xff\xfe-report.txt")
+
+    @replayable.tool
+    def read(path: str) -> str:
+        with open(path) as f:
+            return f.read()
+
+    @replayable.workflow
+    def summarize() -> str:
+        return read(missing)
+
+    with replayable.recording(sqlite_store) as rec, pytest.raises(FileNotFoundError):
+        summarize()
+    run_id = rec.run_ids[0]
+    (event,) = sqlite_store.events(run_id)
+    assert "\\udcff" in orjson.loads(event.error or "null")["message"]
+    assert sqlite_store.get_run(run_id).status == "failed"
+    result = replayable.replay(run_id, store=sqlite_store, fn=summarize)
+    assert result.status == "identical", (result.status, result.error)
+    assert type(result.error) is FileNotFoundError
+    assert result.error.filename == missing
+
+
+def test_deeply_nested_tuples_replay(memory_store: MemoryStore) -> None:
+    """Tagged values nested close to MAX_DEPTH are recorded and served back whole."""
+    value: Any = ("leaf",)
+    for i in range(MAX_DEPTH - 2):
+        value = (value, {"level": i}) if i % 2 else (value,)
+
+    @replayable.tool
+    def tree() -> Any:
+        return value
+
+    @replayable.workflow
+    def walk() -> Any:
+        return tree()
+
+    with replayable.recording(memory_store) as rec:
+        walk()
+    result = replayable.replay(rec.run_ids[0], store=memory_store, fn=walk)
+    assert result.status == "identical", result.divergence
+    assert result.output == value

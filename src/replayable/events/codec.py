@@ -54,6 +54,7 @@ __all__ = [
     "encode_error",
     "encode_request",
     "encode_value",
+    "printable",
     "qualified_name",
     "register_codec",
     "resolve_name",
@@ -286,6 +287,18 @@ def _clock_tree(value: dt.datetime | dt.time) -> dict[str, Any]:
     if value.fold:  # the second of a repeated wall-clock hour
         out["fold"] = 1
     return out
+
+
+def printable(text: str) -> str:
+    """``text`` as valid UTF-8: lone surrogates written as ``\\udcff`` escapes (for
+    messages that are shown and compared, not rebuilt)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def _tree(value: Any, path: str, depth: int) -> Any:
@@ -548,8 +561,12 @@ _READERS: Final[dict[str, Callable[[dict[str, Any]], Any]]] = {
 
 def encode_error(exc: BaseException) -> bytes:
     """A recorded exception: its type, message and (when encodable) its args. Never raises."""
+    raw = list(exc.args)
+    if isinstance(exc, OSError) and exc.filename is not None and len(raw) == 2:
+        # OSError keeps the file names out of ``args``; its constructor takes them back.
+        raw = [exc.errno, exc.strerror, exc.filename, None, exc.filename2]
     try:
-        args: Any = to_tree(list(exc.args))
+        args: Any = to_tree(raw)
         dump_tree(args)
     except UnencodableError:
         args = None
@@ -557,7 +574,7 @@ def encode_error(exc: BaseException) -> bytes:
         message = str(exc)
     except Exception as inner:  # a broken __str__ must not lose the event
         message = f"<str() of the exception raised {type(inner).__name__}>"
-    record = {"type": qualified_name(type(exc)), "message": _text(message), "args": args}
+    record = {"type": qualified_name(type(exc)), "message": printable(message), "args": args}
     from replayable.errors import SerializationError
 
     if isinstance(exc, SerializationError):  # where it happened, for the agent on replay
@@ -574,8 +591,6 @@ def decode_error(data: str | bytes) -> BaseException:
 
     record = orjson.loads(data)
     type_name, message = record["type"], record["message"]
-    if type(message) is dict:  # a message with lone surrogates
-        message = _decode(message)
     try:
         cls = allowlist.resolve(type_name, what="an exception type", loaded=True)
     except Exception:

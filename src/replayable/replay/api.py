@@ -384,12 +384,12 @@ def _judge(
 def _same_error(recorded: dict[str, Any], error: BaseException) -> bool:
     """Whether ``error`` is the recorded exception again (type and message)."""
     from replayable.errors import RecordedError
-    from replayable.events.codec import qualified_name
+    from replayable.events.codec import printable, qualified_name
 
     rtype, rmessage = str(recorded["type"]), str(recorded["message"])
     if isinstance(error, RecordedError):
         return error.type_name == rtype and error.message == rmessage
-    return qualified_name(type(error)) == rtype and str(error) == rmessage
+    return qualified_name(type(error)) == rtype and printable(str(error)) == rmessage
 
 
 def _same_output(recorded: str, now: bytes, output: Any) -> bool:
