@@ -107,6 +107,10 @@ def _main_module(file: str | None) -> ModuleType | None:
     """The running ``__main__``, when it is the recorded script (it already ran)."""
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)
+    if main is not None and main_file is None and file is None:
+        # An interactive session (a notebook, the REPL) replaying its own run: its
+        # namespace is already there, and only its registered workflow is called.
+        return main
     if main is None or not main_file or file is None:
         return None
     if Path(main_file).resolve() != Path(file).resolve():
