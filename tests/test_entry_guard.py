@@ -291,3 +291,33 @@ def test_entry_module_that_fails_to_import_is_one_line_exit_3(
     )
     assert result.exit_code == 3, result.output
     assert "broken_agent" in result.output
+
+
+def test_interactive_session_replays_its_own_workflow(tmp_path: Path) -> None:
+    """Code fed on stdin (as in the REPL) records and replays its own workflow by name."""
+    code = textwrap.dedent(
+        """
+        import replayable
+        from replayable.store import MemoryStore
+
+        @replayable.tool
+        def fetch(x):
+            return {"b": x, "a": 1}
+
+        @replayable.workflow
+        def agent(x):
+            return fetch(x)
+
+        store = MemoryStore()
+        with replayable.recording(store) as rec:
+            agent(2)
+        result = replayable.replay(rec.run_ids[0], store=store)
+        print(result.status, list(result.output))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-"], input=code, cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["identical", "['b',", "'a']"]
