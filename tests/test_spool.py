@@ -50,10 +50,10 @@ def outage_agent(n: int) -> int:
     return total
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
+        assert time.monotonic() < deadline, what or "condition not reached in time"
         time.sleep(0.01)
 
 
@@ -114,8 +114,12 @@ def test_outage_is_spooled_and_drained_exactly_once(
     writer = writer_for(store, max_block_s=BOUND, spool_dir=tmp_path)
 
     def restore() -> None:
-        wait_until(lambda: writer.spooled)
-        assert list(tmp_path.glob("*.jsonl")), "the outage went to a spool file"
+        # ``spooled`` turns true as the writer takes the outage, just before it writes
+        # the batch to the spool file: wait for the file too.
+        wait_until(
+            lambda: writer.spooled and any(tmp_path.glob("*.jsonl")),
+            what="the outage went to a spool file",
+        )
         proxy.restore()
 
     HOOKS.update({10: proxy.cut, 40: restore})
