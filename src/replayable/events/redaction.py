@@ -279,10 +279,11 @@ class Redactor:
         1, the user's names, the detectors, the user's patterns, the bytes tag; ASCII case
         folded where the ``re`` scans read the lower-cased payload), and ``re`` for the
         patterns re2 does not read as ``re`` does."""
-        # Group 1: a candidate secret name.
+        # Group 1: a candidate secret name; group 2: a recorded stream.
         name = f'(?i:"[a-z0-9_.\\-]*{name_fragment_re2()}"[{_SPACE}]*[:,])'
         parts = [
             f"({name})" if self.key_words else "(\\b\\B)",  # \b\B never matches
+            f"({re.escape(_STREAM)})",
             re.escape(_BYTES_TAG),
             re.escape(_STR_TAG),
         ]
@@ -338,17 +339,18 @@ class Redactor:
             search, rest = scans
             if rest is not None and rest.search(payload) is not None:
                 return True
-            if _STREAM_B in payload and self._bare_stream(payload):
-                return True
             pos = 0
             while (spans := search(payload, pos)) is not None:
                 name_start, name_end = spans[1]
-                if name_start < 0:
+                if name_start >= 0:
+                    if self._name_found(payload, name_start, name_end):
+                        return True
+                    # Not a secret name: what else the name's text holds is looked at.
+                    pos = name_start + 1
+                elif spans[2][0] < 0 or self._bare_stream(payload, spans[2][0]):
                     return True
-                if self._name_found(payload, name_start, name_end):
-                    return True
-                # Not a secret name: what else the name's text holds is still looked at.
-                pos = name_start + 1
+                else:
+                    pos = spans[0][1]  # a stream with its assembled text: read on
             return False
         low = payload.lower()
         if self._key_scan is not None and self._key_scan.search(low) is not None:
@@ -388,12 +390,13 @@ class Redactor:
         return any(by_id[i].found(payload, low) for i in detectors)
 
     @staticmethod
-    def _bare_stream(payload: bytes) -> bool:
+    def _bare_stream(payload: bytes, at: int | None = None) -> bool:
         """A recorded stream without the text it assembles into, which the scans read.
 
-        The assembled text is stored after the stream; it is looked for there first, so
-        that a long stream is not searched three times over."""
-        at = payload.find(_STREAM_B)
+        The assembled text is stored after the stream (``at``: where its chunks are); it
+        is looked for there first, so that a long stream is not searched over again."""
+        if at is None:
+            at = payload.find(_STREAM_B)
         if at < 0:
             return False
         found = payload.find(b'"assembled"', at)
