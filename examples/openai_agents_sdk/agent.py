@@ -73,6 +73,14 @@ def ask(base_url: str, question: str, api: str = "responses") -> str:
     return str(Runner.run_sync(build(base_url, api), question).final_output)
 
 
+@replayable.workflow("examples.openai_agents_sdk.default")
+def ask_default(question: str) -> str:
+    """The SDK's defaults: no model named, the client set once with
+    ``set_default_openai_client`` (or ``OPENAI_BASE_URL``), the Responses API."""
+    agent = Agent(name="Travel", instructions=INSTRUCTIONS, tools=[get_weather])
+    return str(Runner.run_sync(agent, question).final_output)
+
+
 @replayable.workflow("examples.openai_agents_sdk.async")
 async def aask(base_url: str, question: str) -> str:
     """``await Runner.run(...)`` on the Responses API."""

@@ -55,7 +55,6 @@ def check_agent(
     *,
     provider: FakeProvider,
     store: MemoryStore,
-    monkeypatch: pytest.MonkeyPatch,
     tool_step: int,
     arg_step: int,
     override: Any,
@@ -71,7 +70,6 @@ def check_agent(
             args,
             provider,
             store,
-            monkeypatch,
             tool_step,
             arg_step,
             override,
@@ -92,7 +90,6 @@ def _check(
     args: tuple[Any, ...],
     provider: FakeProvider,
     store: MemoryStore,
-    monkeypatch: pytest.MonkeyPatch,
     tool_step: int,
     arg_step: int,
     override: Any,
@@ -115,21 +112,21 @@ def _check(
         assert result.output == out
 
     french = " Always answer in French."
-    monkeypatch.setattr(module, "INSTRUCTIONS", module.INSTRUCTIONS + french)
-    result = replayable.replay(run_id, store=store, fn=fn)
+    with pytest.MonkeyPatch.context() as edit:
+        edit.setattr(module, "INSTRUCTIONS", module.INSTRUCTIONS + french)
+        result = replayable.replay(run_id, store=store, fn=fn)
     assert result.status == "diverged"
     div = result.divergence
     assert div is not None
     assert (div.reason, div.step) == ("request_changed", 1), div
     assert french.strip() in div.message, div.message
-    monkeypatch.undo()
 
-    monkeypatch.setattr(module, "UNITS", "imperial")
-    result = replayable.replay(run_id, store=store, fn=fn)
+    with pytest.MonkeyPatch.context() as edit:
+        edit.setattr(module, "UNITS", "imperial")
+        result = replayable.replay(run_id, store=store, fn=fn)
     assert result.status == "diverged"
     div = result.divergence
     assert div is not None
     assert (div.reason, div.step) == ("request_changed", arg_step), div
     assert "imperial" in div.message, div.message
-    monkeypatch.undo()
     return run_id

@@ -13,9 +13,7 @@ example = load_example("anthropic_agent")
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["create", "stream-helper"])
-def test_tool_use_loop(
-    streamed: bool, provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_tool_use_loop(streamed: bool, provider: FakeProvider, store: MemoryStore) -> None:
     """The loop runs until stop_reason != "tool_use"; every check holds."""
     run_id = check_agent(
         example,
@@ -23,7 +21,6 @@ def test_tool_use_loop(
         (provider.url, "What is the weather in Dublin"),
         provider=provider,
         store=store,
-        monkeypatch=monkeypatch,
         tool_step=2,
         arg_step=2,
         override="snow, -2 degrees",

@@ -36,7 +36,6 @@ def test_react_agent(
     instrumented: bool,
     provider: FakeProvider,
     store: MemoryStore,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Records, replays three times, names an edited prompt and tool argument, and forks
     at the forecast call, whichever way the agent is recorded and whether it streams."""
@@ -48,7 +47,6 @@ def test_react_agent(
         (provider.url + "/v1", QUESTION),
         provider=provider,
         store=store,
-        monkeypatch=monkeypatch,
         tool_step=forecast,
         arg_step=forecast,
         override="storm warning",

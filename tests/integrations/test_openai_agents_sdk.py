@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from agents import set_default_openai_client
+from openai import AsyncOpenAI
 
 from replayable.store import MemoryStore
 from tests.integrations.agent_checks import check_agent, load_example
@@ -24,9 +26,7 @@ example = load_example("openai_agents_sdk")
 
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
-def test_run_sync(
-    api: str, provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_run_sync(api: str, provider: FakeProvider, store: MemoryStore) -> None:
     """Runner.run_sync on the Responses API and on chat completions."""
     run_id = check_agent(
         example,
@@ -34,7 +34,6 @@ def test_run_sync(
         (provider.url + "/v1", "What is the weather in Lisbon", api),
         provider=provider,
         store=store,
-        monkeypatch=monkeypatch,
         tool_step=2,
         arg_step=2,
         override="storm warning",
@@ -50,9 +49,7 @@ def test_run_sync(
     assert events[1].request_value() == {"city": "Lisbon", "units": "metric"}
 
 
-def test_runner_run(
-    provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_runner_run(provider: FakeProvider, store: MemoryStore) -> None:
     """await Runner.run(...)."""
     check_agent(
         example,
@@ -60,7 +57,6 @@ def test_runner_run(
         (provider.url + "/v1", "What is the weather in Lisbon"),
         provider=provider,
         store=store,
-        monkeypatch=monkeypatch,
         tool_step=2,
         arg_step=2,
         override="storm warning",
@@ -68,9 +64,7 @@ def test_runner_run(
     )
 
 
-def test_run_streamed(
-    provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_run_streamed(provider: FakeProvider, store: MemoryStore) -> None:
     """Runner.run_streamed: the SSE stream of the Responses API, tool call included."""
     check_agent(
         example,
@@ -78,9 +72,34 @@ def test_run_streamed(
         (provider.url + "/v1", "What is the weather in Lisbon"),
         provider=provider,
         store=store,
-        monkeypatch=monkeypatch,
         tool_step=2,
         arg_step=2,
         override="storm warning",
         forked_text="Lisbon: storm warning",
     )
+
+
+def test_the_sdks_default_model_and_client(
+    provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No model named: the SDK's default Responses model on the default client."""
+    from agents.models import _openai_shared
+
+    monkeypatch.setattr(_openai_shared, "_default_openai_client", None)
+    set_default_openai_client(AsyncOpenAI(base_url=provider.url + "/v1", api_key="sk-example"))
+    run_id = check_agent(
+        example,
+        example.ask_default,
+        ("What is the weather in Lisbon",),
+        provider=provider,
+        store=store,
+        tool_step=2,
+        arg_step=2,
+        override="storm warning",
+        forked_text="Lisbon: storm warning",
+    )
+    assert [e.name for e in store.events(run_id)] == [
+        "openai.responses",
+        "lookup_forecast",
+        "openai.responses",
+    ]

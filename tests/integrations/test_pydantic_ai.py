@@ -21,14 +21,13 @@ example = load_example("pydantic_ai_agent")
 QUESTION = "What is the weather in Lisbon"
 
 
-def _check(fn: object, provider: FakeProvider, store: MemoryStore, mp: pytest.MonkeyPatch) -> str:
+def _check(fn: object, provider: FakeProvider, store: MemoryStore) -> str:
     return check_agent(
         example,
         fn,  # type: ignore[arg-type]
         (provider.url + "/v1", QUESTION),
         provider=provider,
         store=store,
-        monkeypatch=mp,
         tool_step=2,
         arg_step=2,
         override="storm warning",
@@ -36,11 +35,9 @@ def _check(fn: object, provider: FakeProvider, store: MemoryStore, mp: pytest.Mo
     )
 
 
-def test_run_sync(
-    provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_run_sync(provider: FakeProvider, store: MemoryStore) -> None:
     """agent.run_sync with a tool."""
-    run_id = _check(example.ask, provider, store, monkeypatch)
+    run_id = _check(example.ask, provider, store)
     events = store.events(run_id)
     assert [(e.kind, e.name) for e in events] == [
         ("llm", "openai.chat.completions"),
@@ -50,15 +47,11 @@ def test_run_sync(
     assert events[0].metadata["messages"][0]["role"] == "system"
 
 
-def test_run_async(
-    provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_run_async(provider: FakeProvider, store: MemoryStore) -> None:
     """await agent.run(...)."""
-    _check(example.aask, provider, store, monkeypatch)
+    _check(example.aask, provider, store)
 
 
-def test_run_stream(
-    provider: FakeProvider, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_run_stream(provider: FakeProvider, store: MemoryStore) -> None:
     """agent.run_stream: the chat-completions SSE stream with a tool call."""
-    _check(example.ask_streamed, provider, store, monkeypatch)
+    _check(example.ask_streamed, provider, store)
