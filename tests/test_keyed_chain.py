@@ -321,3 +321,12 @@ def test_cli_keys_new_prints_a_usable_key(monkeypatch: pytest.MonkeyPatch) -> No
     assert "key 'prod-1'" in status.stdout
     bad = CliRunner().invoke(app, ["keys", "new", "--id", "no:colons"])
     assert bad.exit_code == 2
+
+
+def test_mac_is_standard_hmac_sha256() -> None:
+    """The precomputed-state MAC equals the standard library's HMAC-SHA256 of the key."""
+    import hmac
+
+    key = ChainKey("k1", SECRET)
+    for data in (b"", b"x", b"y" * 200, bytes(range(256))):
+        assert key.mac(data) == hmac.digest(key.mac_key, data, "sha256").hex()
