@@ -330,3 +330,72 @@ def test_mac_is_standard_hmac_sha256() -> None:
     key = ChainKey("k1", SECRET)
     for data in (b"", b"x", b"y" * 200, bytes(range(256))):
         assert key.mac(data) == hmac.digest(key.mac_key, data, "sha256").hex()
+
+
+class _FlakyAnchor:
+    """An anchor that is down until told otherwise; keeps what it accepted."""
+
+    url = "test://flaky"
+
+    def __init__(self) -> None:
+        self.down = True
+        self.kept: list[dict[str, object]] = []
+
+    def publish(self, entries: list[dict[str, object]]) -> None:
+        if self.down:
+            raise OSError("anchor unreachable")
+        self.kept.extend(entries)
+
+    def entries(self) -> list[dict[str, object]]:
+        return list(self.kept)
+
+    def close(self) -> None:
+        pass
+
+
+def test_anchor_outage_warns_keeps_recording_and_catches_up() -> None:
+    """An anchor that is down does not stop the store write; its entries wait and go out
+    once it is back, and verify then finds the run anchored."""
+    from replayable.capture.writer.linker import Linker
+    from replayable.events.model import RunStart
+    from replayable.events.redaction import Redactor
+    from replayable.store import MemoryStore
+
+    store = MemoryStore()
+    anchor = _FlakyAnchor()
+    integrity = Integrity(StaticKeys([ChainKey("k1", SECRET)]), anchor)  # type: ignore[arg-type]
+    linker = Linker(store, Redactor(), integrity)
+    start = RunStart(
+        run_id="r1",
+        workflow="w",
+        entrypoint="m:f",
+        parent_run_id=None,
+        parent_seq=None,
+        root_run_id="r1",
+        tenant=None,
+        input='{"args":[],"kwargs":{}}',
+        metadata={},
+        code={},
+        env_hash=None,
+        lineage={},
+        started_at=1.0,
+    )
+    chains: dict[str, object] = {}
+    linked = linker.start(start)
+    linker.starts["r1"] = linked
+    event = linker.event(
+        ("r1", 1, "tool", "t", "k", None, None, b"{}", b"1", False, None, False, 1.0, 1, None),
+        chains,  # type: ignore[arg-type]
+    )
+    with pytest.warns(RuntimeWarning, match="cannot publish to anchor test://flaky"):
+        linker.commit(chains, [])  # type: ignore[arg-type]
+    store.append([linked], [event])
+    assert anchor.kept == []
+    anchor.down = False
+    end = linker.end(("r1", "completed", b"1", None, 2.0), {})
+    linker.commit({}, ["r1"])
+    store.append(ends=[end])
+    assert [e["type"] for e in anchor.kept] == ["start", "head", "seal"]
+    report = verify_run(store, "r1", integrity=integrity)
+    assert report.ok, report.message
+    assert report.anchored
