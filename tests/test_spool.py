@@ -171,6 +171,21 @@ def test_stall_is_detected_within_the_bound(
         store.close()
 
 
+def raised_at(direct_url: str, run_id: str, seq: int) -> None:
+    """The step whose boundary raised StoreError to the agent is recorded as that error."""
+    store = PostgresStore(direct_url)
+    try:
+        events = store.events(run_id)
+        assert [e.seq for e in events if e.error is None] == list(range(1, seq))
+        last = events[seq - 1]
+        assert last.response is None
+        assert last.error is not None
+        assert "StoreError" in last.error
+        assert "on_store_failure='raise'" in last.error
+    finally:
+        store.close()
+
+
 def test_fail_closed_raises_at_the_agent(
     urls: tuple[str, str], proxy: FaultProxy, tmp_path: Path
 ) -> None:
@@ -190,6 +205,7 @@ def test_fail_closed_raises_at_the_agent(
         assert writer.drain(timeout=40)
         # Nothing handed off is lost: the six calls and the failed outcome are stored.
         check_runs(direct, rec.run_ids, 6, status="failed")
+        raised_at(direct, rec.run_ids[0], 6)
     finally:
         store.close()
 
@@ -214,6 +230,7 @@ def test_fail_closed_buffered_raises_at_the_next_boundary(
         assert writer.drain(timeout=40)
         # The call that raised had run, so its event is kept with the others.
         check_runs(direct, rec.run_ids, len(TOOK) + 1, status="failed")
+        raised_at(direct, rec.run_ids[0], len(TOOK) + 1)
     finally:
         store.close()
 

@@ -77,7 +77,7 @@ class Waiter(Outcome[BaseException]):
 class Batch:
     """Built records in write order, with the waiters to settle once they are written."""
 
-    __slots__ = ("data", "durable", "marks", "owned")
+    __slots__ = ("data", "durable", "marks", "owned", "prior")
 
     def __init__(
         self,
@@ -91,6 +91,8 @@ class Batch:
         self.owned = owned or {}
         self.marks = marks or []
         self.durable = durable
+        #: The chain heads its runs had before it was linked (kept by fail-closed writers).
+        self.prior: dict[str, Any] | None = None
 
     @classmethod
     def from_spool(cls, data: SpoolBatch) -> Batch:

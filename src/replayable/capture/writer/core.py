@@ -47,6 +47,7 @@ from replayable.capture.writer.refusals import Refusals, warn
 from replayable.capture.writer.spool import SpoolBatch
 from replayable.capture.writer.status import WriterStatus
 from replayable.errors import ConfigurationError, StoreError
+from replayable.events.codec import encode_error
 from replayable.events.model import RunStart
 from replayable.events.redaction import Redactor
 from replayable.store.integrity import Integrity
@@ -68,6 +69,12 @@ _LETTER = {_EVENT: "e", _START: "s", _END: "x", _BLOB: "b"}
 def default_spool_dir() -> Path:
     """``$REPLAYABLE_SPOOL_DIR``, else ``.replayable/spool`` under the current directory."""
     return Path(os.environ.get("REPLAYABLE_SPOOL_DIR") or ".replayable/spool").absolute()
+
+
+def _failed(pending: PendingEvent, error: BaseException) -> PendingEvent:
+    """The hand-off as the agent saw it: ``error`` raised instead of the call's result."""
+    tagged = pending[9] if pending[9].__class__ is str else False
+    return (*pending[:8], None, tagged, encode_error(error), *pending[11:])
 
 
 class Writer:
@@ -189,11 +196,25 @@ class Writer:
     def _refusing_event(self, pending: PendingEvent, durable: bool = False) -> None:
         # Installed as ``self.event`` while a fail-closed writer is in an outage,
         # so the normal path pays nothing for the check.
+        down = self._outage.down
+        if down is None or self.on_store_failure != "raise":
+            if durable:
+                self._submit_and_wait(_EVENT, pending)
+            else:
+                self._queue.append((_EVENT, pending, None))
+            return
+        refusal = self._refusal(down)
+        # The boundary raises this to the agent: record that, not the call's result,
+        # so the tape holds what the agent saw (and replay raises it there too).
+        failed = _failed(pending, refusal)
         if durable:
-            self._submit_and_wait(_EVENT, pending)
+            waiter = Waiter()
+            self._queue.append((_EVENT, failed, waiter))
+            self._wake.set()
+            waiter.done.wait(self.max_block_s)  # spooled (its outcome is this refusal)
         else:
-            self._queue.append((_EVENT, pending, None))
-        self._raise_down()
+            self._queue.append((_EVENT, failed, None))
+        raise refusal
 
     def _raise_down(self) -> None:
         down = self._outage.down
@@ -325,7 +346,7 @@ class Writer:
                 self._queue.extendleft(reversed(raw))
                 self._backoff.pause()
                 break
-            self._persist(batch)
+            self._persist(batch, raw)
             if outage.due():
                 outage.drain_some()
         if outage.due():
@@ -353,7 +374,7 @@ class Writer:
         )
         return error
 
-    def _persist(self, batch: Batch) -> None:
+    def _persist(self, batch: Batch, raw: list[tuple[int, Any, Waiter | None]]) -> None:
         outage = self._outage
         if outage.backlogged():
             outage.hold(batch, outage.down or StoreError(f"{self.store.url} is unavailable"))
@@ -369,7 +390,37 @@ class Writer:
                 outage.succeeded()
                 return
         outage.failed(error)
+        if self.on_store_failure == "raise" and batch.owned and batch.prior is not None:
+            batch = self._as_refused(batch, raw, error)
         outage.hold(batch, error)
+
+    def _as_refused(
+        self, batch: Batch, raw: list[tuple[int, Any, Waiter | None]], error: Exception
+    ) -> Batch:
+        """Fail-closed: the durable boundaries waiting on ``batch`` will raise; build it
+        again with their events recording that refusal, which is what the agent sees."""
+        self._outage.mark_down(error)
+        down = self._outage.down
+        assert down is not None
+        refusal = self._refusal(down)
+        chains = self._linker.chains
+        prior = batch.prior or {}
+        after = {run_id: chains.get(run_id) for run_id in prior}
+        for run_id, before in prior.items():
+            if before is None:
+                chains.pop(run_id, None)
+            else:
+                chains[run_id] = before
+        again = [
+            (kind, _failed(item, refusal) if kind == _EVENT and waiter else item, waiter)
+            for kind, item, waiter in raw
+        ]
+        try:
+            return self._build(again)
+        except StoreError:
+            # Linking again needed the store: keep the batch as it was built.
+            chains.update({r: c for r, c in after.items() if c is not None})
+            return batch
 
     # -- building -----------------------------------------------------------
 
@@ -413,10 +464,16 @@ class Writer:
             data.add(_LETTER[kind], record)
             if waiter is not None:
                 owned[id(record)] = waiter
+        prior = None
+        if self.on_store_failure == "raise" and not ended:
+            # Kept so a fail-closed batch can be linked again (see ``_as_refused``).
+            prior = {run_id: linker.chains.get(run_id) for run_id in chains}
         linker.commit(chains, ended)
         if refused:
             self._refusals.report(refused)
-        return Batch(data, owned, marks, durable)
+        batch = Batch(data, owned, marks, durable)
+        batch.prior = prior
+        return batch
 
     def close(self) -> None:
         """Flush, give a pending spool a short chance to drain, and stop the thread.

@@ -125,8 +125,8 @@ class Outage:
         self.on_error(None)
         self._backoff.succeeded()
 
-    def hold(self, batch: Batch, error: BaseException) -> None:
-        """Keep a batch the store cannot take now: in the spool, else in memory."""
+    def mark_down(self, error: BaseException) -> None:
+        """The store is unavailable because of ``error`` (only the first call counts)."""
         if self.down is None:
             if isinstance(error, StoreError):
                 self.down = error
@@ -135,6 +135,10 @@ class Outage:
                 self.down.__cause__ = error
             self.drained.clear()
             self.on_down()
+
+    def hold(self, batch: Batch, error: BaseException) -> None:
+        """Keep a batch the store cannot take now: in the spool, else in memory."""
+        self.mark_down(error)
         refusal = self.refusal()
         if not self.held and self.spool_dir is not None:
             try:
