@@ -21,6 +21,7 @@ from typing import Any
 
 import bench_audit
 import bench_capture
+import bench_durable
 import bench_http
 import bench_ingest
 import bench_modes
@@ -33,6 +34,7 @@ DEFAULT_OUTPUT = ROOT / ".replayable" / "bench-results.json"
 
 BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "capture": bench_capture.run,
+    "durable": bench_durable.run,
     "http": bench_http.run,
     "ingest": bench_ingest.run,
     "modes": bench_modes.run,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -165,7 +166,7 @@ def test_a_hand_off_already_under_way_when_the_child_dies_is_kept(
         run_id = rec.run_ids[0]
         writer = writer_for(store)
         assert isinstance(writer, ProcessWriter)
-        on_its_way = writer.event  # bound before the switch, as a racing thread holds it
+        on_its_way = writer.event  # bound before the child died, as a racing thread holds it
         last = store.events(run_id)[-1]
         writer._channel.proc.kill()
         writer._channel.proc.wait()
@@ -173,7 +174,6 @@ def test_a_hand_off_already_under_way_when_the_child_dies_is_kept(
         while writer._fallback is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert writer._fallback is not None
-        assert writer.event != on_its_way
         extra = (
             run_id, last.seq + 1, "tool", "late", "r:99", None, None,
             b'{"x":1}', b"1", False, None, False, time.time(), 5, None,
@@ -478,3 +478,50 @@ def test_writer_nice_is_checked() -> None:
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert out.returncode != 0
     assert "$REPLAYABLE_WRITER_NICE must be a whole number from 0 to 19, not 'x'" in out.stderr
+
+
+def test_a_niced_writer_runs_at_the_agents_priority_while_a_record_is_late(
+    tmp_path: Path,
+) -> None:
+    """Past the deadline (200 ms) the writer process stops yielding the CPU, then yields again."""
+    script = tmp_path / "deadline.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, os, threading, time
+            from replayable.capture.writer._child import keep_deadline
+
+            class W:
+                waiting_since = None
+
+            w = W()
+            os.nice(10)
+            seen = []
+            def nice_now():
+                return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            t = threading.Thread(target=keep_deadline, args=(lambda: [w], 10),
+                                 kwargs={"deadline": 0.2, "tick": 0.02, "rounds": 60})
+            t.start()
+            time.sleep(0.1)
+            seen.append(nice_now())          # nothing waits: still niced
+            w.waiting_since = time.monotonic()
+            time.sleep(0.1)
+            seen.append(nice_now())          # waiting, not late yet
+            time.sleep(0.3)
+            seen.append(nice_now())          # late: the agent's priority
+            w.waiting_since = None
+            time.sleep(0.2)
+            seen.append(nice_now())          # caught up: niced again
+            t.join()
+            print(json.dumps(seen))
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip())
+    if os.geteuid() != 0:
+        pytest.skip("lowering a nice value needs root or CAP_SYS_NICE")
+    assert seen == [10, 10, 0, 10]

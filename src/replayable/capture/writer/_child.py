@@ -25,6 +25,8 @@ import gc
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -57,8 +59,11 @@ _out_lock = threading.Lock()
 def _say(text: str) -> None:
     """Write answer lines to the agent's process (writer threads tell it news too)."""
     with _out_lock:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass  # the agent's process is gone: commit what it sent, then end at EOF
 
 
 def _open(sid: int, config: dict[str, Any]) -> tuple[Writer, LazyStore]:
@@ -80,20 +85,65 @@ def _open(sid: int, config: dict[str, Any]) -> tuple[Writer, LazyStore]:
     return writer, store
 
 
-def _lower_priority(argv: list[str]) -> None:
+#: A record waits at most this long before the writer process stops yielding the CPU.
+DEADLINE_S = 0.2
+
+
+def _lower_priority(argv: list[str]) -> int:
     """Apply ``--nice N``: the agent's work comes before the records' on a busy machine."""
     if "--nice" not in argv or not hasattr(os, "nice"):
-        return
+        return 0
     try:
         nice = int(argv[argv.index("--nice") + 1])
         if nice > 0:
             os.nice(nice)
+        return max(nice, 0)
     except (IndexError, ValueError, OSError):
-        pass  # an unknown value, or not permitted: run at the agent's priority
+        return 0  # an unknown value, or not permitted: run at the agent's priority
+
+
+def _set_nice(nice: int) -> bool:
+    """Every thread of this process at ``nice`` (Linux keeps one per thread); ``False``
+    where that is not permitted (lowering it needs root or CAP_SYS_NICE)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    try:
+        for tid in tids:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except PermissionError:
+        return False
+    except OSError:
+        pass  # a thread that ended meanwhile
+    return True
+
+
+def keep_deadline(
+    writers: Callable[[], list[Writer]], nice: int, deadline: float = DEADLINE_S,
+    tick: float = 0.05, rounds: int | None = None,
+) -> None:  # fmt: skip
+    """While a record has waited longer than ``deadline``, run at the agent's priority
+    (a niced writer on a busy machine committed nothing for seconds); then yield again."""
+    raised = False
+    permitted = True
+    while rounds is None or rounds > 0:
+        if rounds is not None:
+            rounds -= 1
+        time.sleep(tick)
+        now = time.monotonic()
+        late = any(
+            w.waiting_since is not None and now - w.waiting_since > deadline for w in writers()
+        )
+        if late and not raised and permitted:
+            raised = permitted = _set_nice(0)
+        elif raised and not late:
+            _set_nice(nice)
+            raised = False
 
 
 def main() -> int:
-    _lower_priority(sys.argv)
+    nice = _lower_priority(sys.argv)
     # Everything imported so far lives as long as the process: keep it out of the
     # collector's way, and collect less often, since records in flight are many
     # short-lived containers that are never part of a cycle.
@@ -102,6 +152,13 @@ def main() -> int:
     decoder = msgspec.msgpack.Decoder()
     stdin = sys.stdin.buffer
     writers: dict[int, tuple[Writer, LazyStore]] = {}
+    if nice:
+        threading.Thread(
+            target=keep_deadline,
+            args=(lambda: [w for w, _ in list(writers.values())], nice),
+            name="replayable-deadline",
+            daemon=True,
+        ).start()
     try:
         while True:
             head = _read_exactly(stdin, 4)

@@ -36,6 +36,7 @@ import collections
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,10 +93,11 @@ class Writer:
         on_store_failure: OnStoreFailure = "spool",
         spool_dir: str | os.PathLike[str] | None = None,
         integrity: Integrity | None = None,
+        adopt: bool = False,
     ) -> None:
         self.store = store
         # Chain keys and anchor: the environment's unless given (see store.integrity).
-        self._linker = Linker(store, redactor or Redactor(), integrity)
+        self._linker = Linker(store, redactor or Redactor(), integrity, adopt=adopt)
         self.batch_size = batch_size
         self.interval = interval
         self.durable_timeout = durable_timeout
@@ -103,8 +105,14 @@ class Writer:
         self.on_store_failure: OnStoreFailure = "spool"
         self._queue: collections.deque[tuple[int, Any, Waiter | None]] = collections.deque()
         self._wake = threading.Event()
+        #: Held by whoever builds and persists batches: the writer thread, or a durable
+        #: caller doing it itself.
+        self._work = threading.Lock()
         self._closed = False
         self.last_error: BaseException | None = None
+        #: When the oldest record still waiting arrived (``events`` only; the writer
+        #: process raises its priority while this is older than its deadline).
+        self.waiting_since: float | None = None
         #: Called once the writer has closed (its registry forgets it).
         self.on_close: Callable[[], None] | None = None
         #: Called with ``("down", why)`` when the store becomes unavailable, ``("up", "")``
@@ -189,6 +197,8 @@ class Writer:
 
     def events(self, pending: list[PendingEvent]) -> None:
         """Hand off many buffered events at once (the writer process does)."""
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
         self._queue.extend([(_EVENT, p, None) for p in pending])
         if len(self._queue) >= self.batch_size:
             self._wake.set()
@@ -267,7 +277,23 @@ class Writer:
     def _submit_and_wait(self, kind: int, item: Any, timeout: float | None = None) -> None:
         waiter = Waiter()
         self._queue.append((kind, item, waiter))
-        self._wake.set()
+        # A durable caller writes the batch itself when the writer thread is idle: its
+        # boundary then costs its commit, not two thread hand-offs besides (a flush
+        # leaves the work to the writer thread, as buffered records' building is). Callers
+        # that find the work taken wait for the batch in progress, or the next one,
+        # which takes every record queued meanwhile (group commit).
+        if kind != _MARK and not self._closed and self._work.acquire(blocking=False):
+            try:
+                self._batches()
+            except Exception as exc:
+                log.exception("replayable: the writer for %s hit an error", self.store.url)
+                self.last_error = exc
+            finally:
+                self._work.release()
+            if self._queue:
+                self._wake.set()
+        else:
+            self._wake.set()
         bound = self.max_block_s if timeout is None else timeout
         if not waiter.done.wait(bound):
             raise StoreError(
@@ -318,8 +344,9 @@ class Writer:
             self._wake.wait(self.interval)
             self._wake.clear()
             try:
-                if self._step():
-                    return
+                with self._work:
+                    if self._step():
+                        return
             except Exception as exc:
                 # The thread must outlive any bug of its own: a dead writer would
                 # silently drop every record handed to it afterwards.
@@ -329,10 +356,19 @@ class Writer:
 
     def _step(self) -> bool:
         """One round of the writer thread; ``True`` once it has shut down."""
+        self._batches()
+        if self._closed and not self._queue:
+            self._committer.stop()
+            self._outage.release()
+            return True
+        return False
+
+    def _batches(self) -> None:
+        """Build and persist what is queued, then drain the spool if it is time."""
         queue = self._queue
         outage = self._outage
         while queue:
-            # Only this thread takes from the queue: what it counts is there.
+            # Only the holder of ``_work`` takes from the queue: what it counts is there.
             pop = queue.popleft
             raw: list[tuple[int, Any, Waiter | None]] = [
                 pop() for _ in range(min(len(queue), self.batch_size))
@@ -351,11 +387,8 @@ class Writer:
                 outage.drain_some()
         if outage.due():
             outage.drain_some()
-        if self._closed and not self._queue:
-            self._committer.stop()
-            outage.release()
-            return True
-        return False
+        if not queue:
+            self.waiting_since = None
 
     # -- persisting ---------------------------------------------------------
 
@@ -444,6 +477,10 @@ class Writer:
             try:
                 if kind == _EVENT:
                     record: Any = linker.event(item, chains)
+                    if record is None:  # a hand-off the store holds already
+                        if waiter is not None:
+                            waiter.resolve(None)
+                        continue
                 elif kind == _START:
                     record = linker.start(item)
                 elif kind == _END:

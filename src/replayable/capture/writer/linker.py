@@ -80,12 +80,14 @@ PendingEvent = tuple[
 
 
 class Chain:
-    __slots__ = ("count", "head", "key")
+    __slots__ = ("count", "head", "key", "seen")
 
     def __init__(self, run_id: str, key: ChainKey | None) -> None:
         self.key = key
         self.count = 0
         self.head = genesis(key, run_id)
+        #: An adopting linker's record of the seqs the run holds (stored or linked).
+        self.seen: set[int] | None = None
 
 
 #: Anchor entries waiting for an anchor that failed are kept, up to this many.
@@ -96,9 +98,17 @@ class Linker:
     """Builds events, start and end records for one store's writer."""
 
     def __init__(
-        self, store: EventStore, redactor: Redactor, integrity: Integrity | None = None
+        self,
+        store: EventStore,
+        redactor: Redactor,
+        integrity: Integrity | None = None,
+        *,
+        adopt: bool = False,
     ) -> None:
         self.store = store
+        #: Taking over from a writer that died: every run may have stored events already,
+        #: and a record may be handed over twice; each seq is linked once.
+        self.adopt = adopt
         self.redactor = redactor
         self.integrity = integrity if integrity is not None else Integrity.from_env()
         self.chains: dict[str, Chain] = {}
@@ -144,19 +154,24 @@ class Linker:
             if committed is not None:
                 chain = Chain.__new__(Chain)
                 chain.key, chain.count, chain.head = committed.key, committed.count, committed.head
-            elif run_id in self.starts:
+                chain.seen = None if committed.seen is None else set(committed.seen)
+            elif run_id in self.starts and not self.adopt:
                 chain = Chain(run_id, self._key_of(self.starts[run_id]))
             else:
                 # A run this writer did not start: another writer (the writer process,
                 # before this one took over from it) linked its first events.
-                try:
-                    start: RunStart | None = self.store.get_run(run_id).start
-                except RunNotFoundError:
-                    start = None
+                start: RunStart | None = self.starts.get(run_id)
+                if start is None:
+                    try:
+                        start = self.store.get_run(run_id).start
+                    except RunNotFoundError:
+                        start = None
                 chain = Chain(run_id, self._key_of(start))
                 stored = self.store.events(run_id)
                 if stored:
                     chain.count, chain.head = stored[-1].chain_index + 1, stored[-1].hash
+                if self.adopt:
+                    chain.seen = {e.seq for e in stored}
             chains[run_id] = chain
         return chain
 
@@ -206,7 +221,15 @@ class Linker:
         self._anchor_backlog = []
         self._anchor_failed = False
 
-    def event(self, p: PendingEvent, chains: dict[str, Chain]) -> Event:
+    def event(self, p: PendingEvent, chains: dict[str, Chain]) -> Event | None:
+        """The event for hand-off ``p``, linked after its run's chain head; ``None`` for
+        a seq an adopting linker has stored or linked already."""
+        if self.adopt:
+            seen = self.chain(p[0], chains).seen
+            if seen is not None:
+                if p[1] in seen:
+                    return None
+                seen.add(p[1])
         (
             run_id,
             seq,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from replayable.capture.writer.channel import WAKE_AT, current_channel
 from replayable.capture.writer.core import Writer
 from replayable.capture.writer.handoff import ENCODER as _ENCODER
-from replayable.capture.writer.handoff import apply, decode, encode, plain
+from replayable.capture.writer.handoff import apply, decode, plain
 from replayable.errors import StoreError
 from replayable.events.redaction import Redactor
 from replayable.store.integrity import Integrity, integrity_env
@@ -78,6 +78,15 @@ class ProcessWriter:
         self.on_close: Callable[[], None] | None = None
         self._redactor = redactor
         self._buf: list[bytes] = []
+        # Kept until their runs end, so that if the child dies they go to the
+        # in-process writer too: the start of every run not yet ended (a run's events
+        # are never stored without its start) and the blobs they name.
+        self._open_runs: dict[str, bytes] = {}
+        # Durable runs are written in this process (see ``_durable``).
+        self._lane: Writer | None = None
+        self._lane_blobs: set[str] = set()
+        self._lane_lock = threading.Lock()
+        self._blobs: dict[str, bytes] = {}
         self._closing = False
         self._closed = False
         self._fallback: Writer | None = None
@@ -112,9 +121,9 @@ class ProcessWriter:
     # -- hot path -------------------------------------------------------------------
 
     def event(self, pending: PendingEvent, durable: bool = False) -> None:
-        """Hand off one event; with ``durable`` return once the child committed it."""
+        """Hand off one event; with ``durable`` return once it is committed."""
         if durable:
-            self._send_and_wait(encode("e", pending))
+            self._durable().event(pending, True)
             return
         try:
             data = _ENCODER.encode(("e", pending))
@@ -133,20 +142,59 @@ class ProcessWriter:
                 self._channel.wake.set()
 
     def start(self, start: RunStart, durable: bool = False) -> None:
-        self._put(_ENCODER.encode(("s", start)), durable)
+        if durable:
+            lane = self._durable()
+            for digest, data in list(self._blobs.items()):
+                if digest not in self._lane_blobs:
+                    self._lane_blobs.add(digest)
+                    _, (name, raw) = decode(data)
+                    lane.blob(name, raw)
+            lane.start(start, True)
+            return
+        data = _ENCODER.encode(("s", start))
+        self._open_runs[start.run_id] = data
+        self._append(data)
 
     def end(self, end: tuple[str, str, bytes | None, bytes | None, float], durable: bool) -> None:
-        self._put(_ENCODER.encode(("x", end)), durable)
+        if durable:
+            self._durable().end(end, True)
+            return
+        self._open_runs.pop(end[0], None)
+        if not self._open_runs and len(self._blobs) > 64:
+            self._blobs.clear()
+        self._append(_ENCODER.encode(("x", end)))
         self._channel.wake.set()
 
     def blob(self, digest: str, data: bytes) -> None:
-        self._put(_ENCODER.encode(("b", (digest, data))), False)
+        encoded = _ENCODER.encode(("b", (digest, data)))
+        # Blobs are few (a recording's environment snapshot) and named by their digest:
+        # kept like the starts that refer to them, and written again harmlessly.
+        self._blobs[digest] = encoded
+        self._append(encoded)
 
-    def _put(self, data: bytes, durable: bool) -> None:
-        if durable:
-            self._send_and_wait(data)
-        else:
-            self._append(data)
+    def _durable(self) -> Writer:
+        """The in-process writer of this store's durable runs.
+
+        A durable boundary waits for its commit; through the writer process that
+        cost two pipe crossings and four thread hand-offs beside the disk's own
+        time. Durable runs are written here instead, by the waiting caller itself
+        when no batch is in progress (see ``Writer``), and a death of the writer
+        process cannot touch them.
+        """
+        lane = self._lane
+        if lane is None:
+            with self._lane_lock:
+                if self._lane is None:
+                    self._lane = Writer(
+                        self.store,
+                        redactor=self._redactor,
+                        integrity=self._integrity,
+                        max_block_s=self.max_block_s,
+                        on_store_failure="spool",
+                        spool_dir=self.spool_dir,
+                    )
+                lane = self._lane
+        return lane
 
     def _append(self, data: bytes) -> None:
         self._buf.append(data)
@@ -164,14 +212,19 @@ class ProcessWriter:
             raise StoreError(
                 f"the writer process for {self.store.url} did not confirm within {bound:g}s"
             )
-        if waiter.outcome is not None:
+        if waiter.outcome is None:
+            return
+        if self._channel.dead is not None:
+            # The child ended while we waited: what it had not been sent goes to the
+            # in-process writer (being started now, perhaps), so confirm there.
+            deadline = time.monotonic() + bound
+            while self._fallback is None and time.monotonic() < deadline:
+                time.sleep(0.005)
             fallback = self._fallback
-            if fallback is not None and self._channel.dead is not None:
-                # The child ended while we waited: what it had not been sent went to
-                # the in-process writer, so confirm there.
-                fallback.flush(bound)
+            if fallback is not None:
+                fallback.flush(max(0.0, deadline - time.monotonic()) or bound)
                 return
-            raise StoreError(f"writing to {self.store.url} failed: {waiter.outcome}")
+        raise StoreError(f"writing to {self.store.url} failed: {waiter.outcome}")
 
     def _backpressure(self) -> None:
         """The child is behind by ``MAX_QUEUED`` records: wait until it catches up."""
@@ -181,10 +234,16 @@ class ProcessWriter:
             time.sleep(0.001)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Return once everything handed off so far is committed by the child."""
+        """Return once everything handed off so far is committed."""
         if self._closed or self._pid != os.getpid():
             return
-        self._send_and_wait(None, self.durable_timeout if timeout is None else timeout)
+        bound = self.durable_timeout if timeout is None else timeout
+        if self._lane is not None:
+            self._lane.flush(bound)
+        if self._fallback is not None:
+            self._fallback.flush(bound)
+            return
+        self._send_and_wait(None, bound)
 
     # -- the writer process ended -------------------------------------------------------
 
@@ -193,6 +252,7 @@ class ProcessWriter:
         self.last_error = exc
         fallback = Writer(
             self.store,
+            adopt=True,
             redactor=self._redactor,
             integrity=self._integrity,
             max_block_s=self.max_block_s,
@@ -202,15 +262,15 @@ class ProcessWriter:
         # Set first: a hand-off from here on drains the buffer itself, so a call that
         # was already on its way through this object's methods loses nothing.
         self._fallback = fallback
+        # What the child may not have committed: the blobs and starts of open runs
+        # (a start the store holds already is recognised and not written twice; the
+        # in-process writer adopts the runs and skips any seq it holds or has written).
+        with self._drain_lock:
+            for data in (*self._blobs.values(), *self._open_runs.values()):
+                kind, item = decode(data)
+                apply(fallback, kind, item)
+        # Everything else, now and later, goes through the buffer to the fallback.
         self._drain()
-        # Later hand-offs go straight to the in-process writer.
-        self.__dict__.update(
-            event=fallback.event,
-            start=fallback.start,
-            end=fallback.end,
-            blob=fallback.blob,
-            flush=fallback.flush,
-        )
 
     def _drain(self) -> None:
         """Hand what waits in the buffer to the in-process writer, in order, once each."""
@@ -234,6 +294,8 @@ class ProcessWriter:
     @redactor.setter
     def redactor(self, redactor: Redactor) -> None:
         self._redactor = redactor
+        if self._lane is not None:
+            self._lane.redactor = redactor
         if self._fallback is not None:
             self._fallback.redactor = redactor
         else:
@@ -247,6 +309,8 @@ class ProcessWriter:
         spool_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """Change the outage settings; the child's writer takes them in order."""
+        if self._lane is not None:
+            self._lane.configure(max_block_s=max_block_s, spool_dir=spool_dir)
         if self._fallback is not None:
             self._fallback.configure(
                 max_block_s=max_block_s,
@@ -280,6 +344,8 @@ class ProcessWriter:
     @property
     def spooled(self) -> bool:
         """Whether records wait in the child's spool for the store to come back."""
+        if self._lane is not None and self._lane.spooled:
+            return True
         if self._fallback is not None:
             return self._fallback.spooled
         if self._closed:
@@ -288,6 +354,8 @@ class ProcessWriter:
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until the child's spool is in the store; ``False`` if not by ``timeout``."""
+        if self._lane is not None and not self._lane.drain(timeout):
+            return False
         if self._fallback is not None:
             return self._fallback.drain(timeout)
         if self._closed:
@@ -307,5 +375,7 @@ class ProcessWriter:
             self._channel.wake.set()
             if self._fallback is not None:
                 self._fallback.close()
+            if self._lane is not None:
+                self._lane.close()
             if self.on_close is not None:
                 self.on_close()
