@@ -8,9 +8,10 @@ text>"``. Streaming responses send one server-sent event per HTTP chunk
 boundaries: chat-completion chunks with split tool-call arguments, the
 Responses API's item, content-part, text and function-call-argument events
 (``added``, ``delta``, ``done``) and ``response.completed``, and Anthropic's
-message and content-block events with ``input_json_delta`` for tool use. ``fail_next`` makes the next requests fail with those statuses
-(for retry tests); ``chunks`` (or a model named ``chunks-<n>``) fixes how many
-text chunks an answer has. ``replay_hits`` lists the requests that arrived
+message and content-block events with ``input_json_delta`` for tool use.
+``fail_next`` makes the next requests fail with those statuses (for retry
+tests); ``chunks`` (or a model named ``chunks-<n>``) fixes how many text chunks
+an answer has. ``replay_hits`` lists the requests that arrived
 while a pure replay was running in this process: there must be none.
 """
 
