@@ -287,3 +287,32 @@ def test_cli_scan_and_queue(tmp_path: Path) -> None:
         assert [e.what for e in store.access_entries()] == [("flags",)]
     finally:
         store.close()
+
+
+def test_scan_reads_events_as_the_store_does_and_survives_a_bad_row(tmp_path: Path) -> None:
+    """The scan's bulk reader gives the same events as ``store.events``; a row with a
+    payload that is not JSON is reported by the rule that reads it, and the scan goes on."""
+    import sqlite3
+
+    path = tmp_path / "bad.db"
+    store = SQLiteStore(path)
+    good = record(store, [tool("q", {"j": 1}, []), llm()], started_at=1e9)
+    bad = record(store, [tool("q", {"j": 2}, []), llm()], started_at=1e9 + 1)
+    assert store.events_of([good])[good] == store.events(good)
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TRIGGER events_no_update")
+    conn.execute(
+        """UPDATE events SET response = '{"rows": [' WHERE run_id = ? AND seq = 1""", (bad,)
+    )
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    try:
+        with pytest.warns(RuntimeWarning, match=f"failed on run {bad}"):
+            result = Scanner(store, rules=["empty_data_decision"]).scan()
+        assert result.runs == 2
+        assert [f.run_id for f in result.flags] == [good]
+        assert [(r, name) for r, name, _ in result.errors] == [(bad, "empty_data_decision")]
+    finally:
+        store.close()

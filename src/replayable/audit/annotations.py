@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from replayable.audit.actor import Actor, require
-from replayable.errors import AppendOnlyError, ConfigurationError
+from replayable.errors import AppendOnlyError, ConfigurationError, RunNotFoundError
 from replayable.events.audit import VERDICTS, Annotation, annotation_genesis, annotation_hash
 from replayable.events.ids import uuid7
 from replayable.store.base import EventStore
@@ -153,7 +153,10 @@ def annotate_run(
     ``integrity`` (default: the environment's, as the writer's event chains).
     """
     require(actor, "annotate", "annotate runs")
-    record = store.run(run)
+    try:
+        record = store.get_run(run)  # a full id: one lookup, not a prefix search first
+    except RunNotFoundError:
+        record = store.run(run)
     run_id = record.run_id
     amended = _resolve_amended(store, run_id, amends)
     flag_ids = _resolve_flags(store, run_id, closes)

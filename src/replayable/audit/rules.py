@@ -265,6 +265,25 @@ def is_empty(value: Any) -> bool:
     return False
 
 
+_EMPTY_TEXTS: Final = frozenset(("[]", "null", "{}", '""'))
+_EMPTY_HINTS: Final = (*(f'"{k}"' for k in (*_ROW_KEYS, *_COUNT_KEYS)), '"$t"')
+
+
+def may_be_empty(text: str | None) -> bool:
+    """Whether a stored response text can decode to empty data (see :func:`is_empty`);
+    ``False`` is certain, so the scan decodes only the responses that might be."""
+    if text is None or text in _EMPTY_TEXTS:
+        return True
+    if text[:1] != "{":
+        return False  # a non-empty list or string, a number, a boolean
+    return any(hint in text for hint in _EMPTY_HINTS)
+
+
+def may_be_error(text: str | None) -> bool:
+    """Whether a stored response text can be error-shaped (see :func:`error_shape`)."""
+    return text is not None and ('"error"' in text or '"status"' in text or '"$t"' in text)
+
+
 def error_shape(event: Event, value: Any) -> str | None:
     """Why a response reads as an error (``error`` field, ``status: error``, HTTP >= 400)."""
     if event.error is not None:
@@ -314,6 +333,8 @@ def unhandled_tool_error(ctx: RuleContext) -> Iterator[Finding]:
     for i, e in enumerate(ctx.events):
         if e.kind not in ("tool", "http"):
             continue
+        if e.error is None and not may_be_error(e.response):
+            continue
         why = error_shape(e, ctx.response(e) if e.error is None else None)
         if why is None:
             continue
@@ -361,14 +382,32 @@ _REFUSALS: Final = (
 )
 
 
+_REFUSAL_WORDS: Final = (
+    "sorry",
+    "unable",
+    "cannot",
+    "can't",
+    "can’t",
+    "won't",
+    "won’t",
+    "not able",
+    '"refusal":"',
+)
+
+
 @rule("unrouted_refusal", number=4, patterns=_REFUSALS, fallbacks=("fallback",))
 def unrouted_refusal(ctx: RuleContext) -> Iterator[Finding]:
     """An LLM answer refused ("I cannot help with that") and no fallback handled it."""
     if not ctx.completed:
         return
-    found = re.compile("|".join(f"(?:{p})" for p in ctx.params["patterns"]), re.IGNORECASE)
+    patterns = tuple(ctx.params["patterns"])
+    found = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
+    # With the built-in patterns, an answer holding none of their words cannot match.
+    quick = patterns == _REFUSALS
     for i, e in enumerate(ctx.events):
         if e.kind != "llm" or e.response is None:
+            continue
+        if quick and not any(w in e.response.lower() for w in _REFUSAL_WORDS):
             continue
         value = ctx.response(e)
         refusal = _refusal_field(value)
@@ -405,12 +444,17 @@ def empty_data_decision(ctx: RuleContext) -> Iterator[Finding]:
     for i, e in enumerate(ctx.events):
         if e.kind not in _DATA_KINDS or e.side_effect or e.error is not None:
             continue
+        if not may_be_empty(e.response):
+            continue
         value = ctx.response(e)
         if not is_empty(value):
             continue
         later = ctx.events[i + 1 :]
         if any(
-            x.name == e.name and x.error is None and not is_empty(ctx.response(x)) for x in later
+            x.name == e.name
+            and x.error is None
+            and not (may_be_empty(x.response) and is_empty(ctx.response(x)))
+            for x in later
         ):
             continue  # asked again and got data: handled
         decision = next((x for x in later if x.kind == "llm"), None)

@@ -17,8 +17,8 @@ import orjson
 from replayable.errors import AppendOnlyError, StoreError
 from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag, WorkflowStats
 from replayable.events.model import Event, Run
-from replayable.store.audit_base import STATS_WINDOW
-from replayable.store.rows import event_from_row, run_from_row
+from replayable.store.audit_base import STATS_WINDOW, scan_event_from_row
+from replayable.store.rows import run_from_row
 
 __all__ = ["AUDIT_SCHEMA", "AUDIT_TABLES", "SQLiteAudit"]
 
@@ -346,7 +346,7 @@ class SQLiteAudit:
                 chunk,
             )
             for row in rows:
-                out[row[0]].append(event_from_row(row))
+                out[row[0]].append(scan_event_from_row(row))
         return out
 
     def workflow_stats(self, workflows: Iterable[str]) -> dict[str, WorkflowStats]:

@@ -10,14 +10,17 @@ from __future__ import annotations
 import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag, WorkflowStats
 
 if TYPE_CHECKING:
     from replayable.events.model import Event, Run
 
-__all__ = ["STATS_WINDOW", "AuditStore", "stats_from"]
+
+__all__ = ["STATS_WINDOW", "AuditStore", "scan_event_from_row", "stats_from"]
 
 #: Workflow statistics are taken over this many of its most recent finished runs:
 #: enough for a stable mean and median, and a cost that does not grow with the log.
@@ -121,4 +124,69 @@ def stats_from(workflow: str, rows: Sequence[tuple[int, float]]) -> WorkflowStat
         llm_mean=statistics.fmean(counts) if counts else 0.0,
         llm_std=statistics.pstdev(counts) if counts else 0.0,
         median_duration=statistics.median(durations) if durations else None,
+    )
+
+
+def scan_event_from_row(r: Sequence[Any]) -> Event:
+    """An event from a row of the event columns, for bulk reads (the anomaly scan).
+
+    Checking every column one by one cost more than the rules; here a row whose
+    columns have the plain types a sound row has is built at once, and any other
+    row goes through the store's checking decoder, which names its problems.
+    Payload text is not parsed here: a rule that cannot parse it is reported by
+    the scan and the scan goes on.
+    """
+    from replayable.events.model import SCHEMA_VERSION, Event
+    from replayable.store.rows import event_from_row
+
+    try:
+        str_, int_, none = str, int, None
+        sound = (
+            len(r) == 20
+            and type(r[0]) is str_
+            and type(r[1]) is int_
+            and type(r[2]) is str_
+            and type(r[3]) is str_
+            and (r[4] is none or type(r[4]) is str_)
+            and (r[5] is none or type(r[5]) is int_)
+            and (r[6] is none or type(r[6]) is str_)
+            and type(r[7]) is str_
+            and type(r[8]) is str_
+            and (r[9] is none or type(r[9]) is str_)
+            and (r[10] == "json" or r[10] == "tagged")
+            and (r[11] is none or type(r[11]) is str_)
+            and (r[12] is True or r[12] is False or r[12] == 0 or r[12] == 1)
+            and type(r[13]) is float
+            and type(r[14]) is int_
+            and type(r[15]) is str_
+            and type(r[16]) is int_
+            and type(r[17]) is str_
+            and type(r[18]) is str_
+            and r[19] == SCHEMA_VERSION
+        )
+        metadata = {} if r[15] == "{}" else orjson.loads(r[15]) if sound else None
+    except orjson.JSONDecodeError:
+        sound = False
+    if not sound or type(metadata) is not dict:
+        return event_from_row(r)
+    return Event(
+        run_id=r[0],
+        seq=r[1],
+        kind=r[2],
+        name=r[3],
+        key=r[4],
+        parent=r[5],
+        call_site=r[6],
+        request=r[7],
+        fingerprint=r[8],
+        response=r[9],
+        encoding=r[10],
+        error=r[11],
+        side_effect=bool(r[12]),
+        started_at=r[13],
+        duration_ns=r[14],
+        metadata=metadata,
+        chain_index=r[16],
+        prev_hash=r[17],
+        hash=r[18],
     )

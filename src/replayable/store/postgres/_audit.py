@@ -30,9 +30,9 @@ from psycopg import sql
 
 from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag, WorkflowStats
 from replayable.events.model import Event, Run
-from replayable.store.audit_base import STATS_WINDOW
+from replayable.store.audit_base import STATS_WINDOW, scan_event_from_row
 from replayable.store.postgres._tenancy import _READ
-from replayable.store.rows import event_from_row, run_from_row
+from replayable.store.rows import run_from_row
 
 if TYPE_CHECKING:
     from replayable.store.postgres._connect import PgTarget
@@ -221,10 +221,14 @@ class PostgresAudit:
         with self._write_lock:
             conn = self._conn(write=True)
             try:
+                todo = [(st, rows) for st, rows in statements if rows]
+                if len(todo) == 1 and len(todo[0][1]) == 1:
+                    # One row is atomic on its own: one round trip, not BEGIN/INSERT/COMMIT.
+                    conn.execute(todo[0][0], todo[0][1][0])
+                    return
                 with conn.transaction(), conn.cursor() as cur:
-                    for statement, rows in statements:
-                        if rows:
-                            cur.executemany(statement, rows)
+                    for statement, rows in todo:
+                        cur.executemany(statement, rows)
             except psycopg.Error as exc:
                 raise_store_error(exc, self.target, f"writing {what}")
 
@@ -282,7 +286,8 @@ class PostgresAudit:
                 a.amends,
                 a.retract,
                 _json(list(a.closes)),
-                self._row_tenant(a.run_id),
+                self.tenant,
+                a.run_id,
                 a.chain_index,
                 a.prev_hash,
                 a.hash,
@@ -291,7 +296,11 @@ class PostgresAudit:
             )
             for a in annotations
         ]
-        statement = f"INSERT INTO annotations ({_ANN_INSERT}) VALUES ({', '.join(['%s'] * 19)})"
+        # The row is filed under the store's tenant, else the run's as the database
+        # holds it (looked up in the same statement).
+        values = ", ".join(["%s"] * 13) + ", COALESCE(%s, (SELECT r.tenant FROM runs r WHERE "
+        values += "r.run_id = %s::uuid)), " + ", ".join(["%s"] * 5)
+        statement = f"INSERT INTO annotations ({_ANN_INSERT}) VALUES ({values})"
         self._write_rows("annotations", [(statement, rows)])
 
     def annotations(self, run_id: str) -> list[Annotation]:
@@ -464,30 +473,39 @@ class PostgresAudit:
                 (valid,),
             )
             for row in rows:
-                out[row[0]].append(event_from_row(row))
+                out[row[0]].append(scan_event_from_row(row))
         return out
 
     def workflow_stats(self, workflows: Iterable[str]) -> dict[str, WorkflowStats]:
         names = list(dict.fromkeys(workflows))
         if not names:
             return {}
+        # One pass: the latest runs per workflow joined to their events by run id, the
+        # LLM calls counted in the aggregate. Filtering the join on the event type let
+        # the planner AND in the type index, which reads every LLM event per run.
         rows = self.query(
             """
-            SELECT w.workflow, count(per.n), COALESCE(avg(per.n), 0),
-                   COALESCE(stddev_pop(per.n), 0),
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY per.duration)
+            WITH ranked AS (
+                SELECT r.run_id, r.workflow, e.ended_at - r.started_at AS duration,
+                       row_number() OVER (PARTITION BY r.workflow ORDER BY e.ended_at DESC) AS rn
+                  FROM runs r JOIN run_ends e ON e.run_id = r.run_id
+                 WHERE r.workflow = ANY(%s::text[])
+            ), picked AS (
+                SELECT run_id, workflow, duration FROM ranked WHERE rn <= %s
+            ), calls AS (
+                SELECT p.run_id, count(*) FILTER (WHERE v.event_type = 'llm') AS n
+                  FROM picked p LEFT JOIN agent_execution_events v ON v.run_id = p.run_id
+                 GROUP BY p.run_id
+            )
+            SELECT w.workflow, count(p.run_id), COALESCE(avg(c.n), 0),
+                   COALESCE(stddev_pop(c.n), 0),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY p.duration)
               FROM unnest(%s::text[]) AS w(workflow)
-              LEFT JOIN LATERAL (
-                   SELECT e.ended_at - r.started_at AS duration,
-                          (SELECT count(*) FROM agent_execution_events v
-                            WHERE v.run_id = r.run_id AND v.event_type = 'llm') AS n
-                     FROM runs r JOIN run_ends e ON e.run_id = r.run_id
-                    WHERE r.workflow = w.workflow
-                    ORDER BY e.ended_at DESC LIMIT %s
-              ) per ON true
+              LEFT JOIN picked p ON p.workflow = w.workflow
+              LEFT JOIN calls c ON c.run_id = p.run_id
              GROUP BY w.workflow
             """,
-            (names, STATS_WINDOW),
+            (names, STATS_WINDOW, names),
         )
         return {
             str(wf): WorkflowStats(
