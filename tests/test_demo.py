@@ -90,6 +90,12 @@ def test_demo_records_the_low_risk_run_and_replays_it_without_touching_the_world
     assert "jurisdiction='GB-SCT' → 0 results" in text
     assert "model requests during replay: 0" in text
     assert "chain intact (7 events)" in text
+    # The impact audit: a month of reviews, 14 flagged under rule 5 (13 + the incident).
+    assert "6. Audit the impact: 30 days of reviews" in text
+    assert "14 decided on an empty compliance lookup (rule 5)" in text
+    assert result.run_id in result.audit_flagged
+    assert "auditor olu tries to annotate: refused" in text
+    assert "dana (analyst) ×1" in text
 
 
 def test_fixed_rules_lookup_finds_the_parent_jurisdiction_and_rates_high(
@@ -144,7 +150,9 @@ def test_demo_command_runs_end_to_end(contract_review, tmp_path, monkeypatch):
     assert (tmp_path / ".replayable" / "demo-reports.jsonl").is_file()
     assert "risk high; report filing blocked (not executed)" in result.stdout
     listed = CliRunner().invoke(app, ["--store", url, "runs", "--json"])
-    fork, run = json.loads(listed.stdout)  # newest first: the fork, then the recording
+    # Newest first: the fork, then the recording, then the month the impact audit recorded.
+    fork, run, *month = json.loads(listed.stdout)
+    assert len(month) == 30
     assert run["workflow"] == fork["workflow"] == "contract_review"
     assert run["event_count"] == fork["event_count"] == 7
     shown = CliRunner().invoke(app, ["--store", url, "show", fork["run_id"], "--json"])

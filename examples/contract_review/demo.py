@@ -59,6 +59,9 @@ class DemoResult:
     model_requests_during_fork: int = -1
     reports_filed_during_fork: int = -1
     diff: RunDiff | None = None
+    audit_days: int = 0
+    audit_flagged: tuple[str, ...] = ()
+    auditor_refused: bool = False
 
     @property
     def ok(self) -> bool:
@@ -78,6 +81,16 @@ class DemoResult:
             and self.diff is not None
             and self.diff.first is not None
             and self.diff.first.left_step == self.fork_step
+            and (self.audit_days == 0 or self._audit_ok)
+        )
+
+    @property
+    def _audit_ok(self) -> bool:
+        # The month holds 13 more runs of GB sub-jurisdictions: 14 with the incident.
+        return (
+            len(self.audit_flagged) == AFFECTED_IN_MONTH + 1
+            and self.run_id in self.audit_flagged
+            and self.auditor_refused
         )
 
 
@@ -109,12 +122,14 @@ def run_demo(
     seed: int | None = 7,
     reruns: int = 3,
     reports_path: Path | None = None,
+    audit_days: int = 30,
 ) -> DemoResult:
     """Run the demo against ``store_url`` (default ``$REPLAYABLE_STORE`` or the default store).
 
     ``seed`` fixes the scripted model's sampling noise; ``reruns`` is how many
     live re-runs to show; reports are appended to ``reports_path`` (default
-    ``.replayable/demo-reports.jsonl``).
+    ``.replayable/demo-reports.jsonl``). ``audit_days`` (0 to skip) is how many
+    days of earlier reviews the impact audit records and scans.
     """
     store = replayable.open_store(store_url)
     try:
@@ -124,13 +139,20 @@ def run_demo(
             seed=seed,
             reruns=reruns,
             reports=reports_path or Path(".replayable/demo-reports.jsonl"),
+            audit_days=audit_days,
         )
     finally:
         store.close()
 
 
 def _run(
-    store: EventStore, console: Console, *, seed: int | None, reruns: int, reports: Path
+    store: EventStore,
+    console: Console,
+    *,
+    seed: int | None,
+    reruns: int,
+    reports: Path,
+    audit_days: int = 0,
 ) -> DemoResult:
     console.print(
         Text('replayable demo: the contract rated "low" that should have been "high"', style="bold")
@@ -234,6 +256,9 @@ def _run(
     ):
         _fork_and_diff(store, console, result, model, reports)
 
+    if audit_days:
+        _audit_impact(store, console, result, audit_days, reports)
+
     console.rule()
     console.print(
         Text(
@@ -248,6 +273,67 @@ def _run(
             f"            {cli} diff {run_id} {result.fork_run_id}", markup=False, soft_wrap=True
         )
     return result
+
+
+AFFECTED_IN_MONTH: Final = 13
+
+
+def _audit_impact(
+    store: EventStore, console: Console, result: DemoResult, days: int, reports: Path
+) -> None:
+    """The seed's step 5: a month of earlier reviews, the anomaly scan, an analyst's
+    verdict, the auditor's report, and the access log of both reads."""
+    import time
+
+    from contract_review.history import record_history
+    from replayable.audit import Actor, AuditReader, Scanner
+    from replayable.audit.report import build_report
+    from replayable.errors import AccessDeniedError
+
+    console.rule(f"6. Audit the impact: {days} days of reviews, the anomaly scan, a report")
+    result.audit_days = days
+    history = record_history(
+        store,
+        days=days,
+        per_day=1,
+        affected=AFFECTED_IN_MONTH,
+        reports_path=reports.with_name("history-reports.jsonl"),
+    )
+    scan = Scanner(store).scan(since=time.time() - (days + 1) * 86400)
+    empty = [f for f in scan.flags if f.rule == "empty_data_decision"]
+    result.audit_flagged = tuple(f.run_id for f in empty)
+    console.print(
+        f"recorded {len(history.run_ids)} earlier reviews; scanned {scan.runs} runs: "
+        f"{len(empty)} decided on an empty compliance lookup (rule 5), "
+        f"{len(scan.flags) - len(empty)} other flag(s)"
+    )
+    analyst = AuditReader(store, Actor("dana", "analyst", store.login_name()), purpose="INC-204")
+    analyst.events(result.run_id, steps=[3])
+    flag = next((f for f in empty if f.run_id == result.run_id), None)
+    note = analyst.annotate(
+        result.run_id,
+        step=3,
+        verdict="violation",
+        policy="CR-7",
+        note="The compliance lookup returned no rules for GB-SCT; the contract was rated "
+        "low without them.",
+        closes=[flag.flag_id] if flag else (),
+    )
+    console.print(
+        Text.assemble("analyst dana: ", ("violation", "bold red"), f" on step 3 ({note.note})")
+    )
+    auditor = AuditReader(store, Actor("olu", "auditor", store.login_name()), purpose="audit")
+    report = build_report(auditor, result.run_id)
+    try:
+        auditor.annotate(result.run_id, verdict="ok", note="looks fine")
+    except AccessDeniedError as exc:
+        result.auditor_refused = True
+        console.print(f"auditor olu tries to annotate: refused ({exc})", markup=False)
+    readers = report["access_log"]["readers"]
+    console.print(
+        "access log of the run: " + ", ".join(f"{who} ×{n}" for who, n in readers.items()),
+        markup=False,
+    )
 
 
 def cli_command() -> str:
