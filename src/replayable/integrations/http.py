@@ -1,4 +1,5 @@
-"""Record and replay HTTP calls made with ``httpx`` or ``httpx2`` — and so every SDK built on them.
+"""Record and replay HTTP calls made with ``httpx``, ``httpx2`` or ``urllib3`` — and so every
+SDK built on them, and ``requests``.
 
 Two ways in:
 
@@ -6,9 +7,11 @@ Two ways in:
   the default transports of ``httpx2`` and ``httpx`` are intercepted, the
   way vcrpy does it: :func:`install` patches
   ``HTTPTransport.handle_request`` and
-  ``AsyncHTTPTransport.handle_async_request`` once, and the patch acts only
-  while a run is active. Outside a run nothing changes. The OpenAI and
-  Anthropic SDKs are also taught to collapse their retries into one event.
+  ``AsyncHTTPTransport.handle_async_request`` (and urllib3's
+  ``HTTPConnectionPool.urlopen``, see :mod:`~replayable.integrations._urllib3`)
+  once, whenever the library is imported, and the patch acts only while a
+  run is active. Outside a run nothing changes. The OpenAI and Anthropic
+  SDKs are also taught to collapse their retries into one event.
 - **Explicit.** ``client()`` / ``async_client()`` return a client whose
   transport records and replays; pass it to an SDK as ``http_client=`` (see
   :mod:`replayable.integrations.openai`).
