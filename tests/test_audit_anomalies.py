@@ -316,3 +316,19 @@ def test_scan_reads_events_as_the_store_does_and_survives_a_bad_row(tmp_path: Pa
         assert [(r, name) for r, name, _ in result.errors] == [(bad, "empty_data_decision")]
     finally:
         store.close()
+
+
+def test_follow_keeps_scanning_new_runs() -> None:
+    """``follow`` scans again on each interval and picks up runs finished in between."""
+    store = MemoryStore()
+    record(store, [tool("q", {}, []), llm()], started_at=1e9)
+    seen: list[int] = []
+
+    def on_result(result: replayable.audit.ScanResult) -> None:
+        seen.append(result.runs)
+        if len(seen) == 1:
+            record(store, [tool("q", {}, []), llm()], started_at=1e9 + 1)
+
+    Scanner(store).follow(interval=0.05, on_result=on_result, stop=lambda: len(seen) >= 3)
+    assert seen == [1, 1, 0]
+    assert len(store.flags(rule="empty_data_decision")) == 2
