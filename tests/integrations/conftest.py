@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import gc
+import asyncio
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -33,14 +34,32 @@ def store() -> Iterator[MemoryStore]:
 
 @pytest.fixture
 def sdk_leftovers() -> Iterator[None]:
-    """Collect, at teardown, the connections an SDK leaves to the garbage collector.
+    """Close, at teardown, the event loop an SDK's ``run_sync`` leaves behind.
 
-    ``Runner.run_sync`` and pydantic-ai's ``run_sync`` drive the agent on an event loop
-    they keep (or drop) themselves, so the pooled connections of a client nobody closed
-    are finalized whenever the collector runs; collected here, the warnings they raise
-    are theirs alone and do not land in a later test.
+    The Agents SDK's ``Runner.run_sync`` and pydantic-ai's ``run_sync`` set a default
+    event loop on the main thread and leave it open on purpose (``agents/run.py``: "We
+    intentionally leave the default loop open"), with the pooled connections of the
+    clients nobody closed still registered on it. Left there, the next ``asyncio.run``
+    of any later test drops that loop, and its sockets are finalized unclosed whenever
+    the collector next runs: a ResourceWarning that fails whichever test is running.
+    Here the connections are closed, then the loop, while the test that made them ends.
     """
     yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
+    policy = asyncio.get_event_loop_policy()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            loop = policy.get_event_loop()
+    except RuntimeError:  # no default loop is set: nothing was left
+        return
+    if loop.is_closed() or loop.is_running():
+        return
+    policy.set_event_loop(None)
+    # The selector loops keep their open transports by file descriptor; closing them
+    # closes the connections the SDK's pools still hold (connection_lost runs below).
+    transports: Any = getattr(loop, "_transports", {})
+    for transport in list(transports.values()):
+        transport.close()
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
