@@ -23,16 +23,15 @@ import signal
 import sqlite3
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import replayable
 from replayable.capture.config import settings
 
-KINDS = ("agent", "writer", "group")
+KINDS = tuple(os.environ.get("KILL_TRIALS_KINDS", "agent,writer,group").split(","))
 CALLS = 4000  # the most calls an agent makes before it ends its run by itself
 
 
@@ -98,27 +97,22 @@ def _become_subreaper() -> None:
         pass
 
 
-def _reap(pid: int, deadline: float) -> None:
-    """Wait for ``pid`` (ours, or an orphan handed to this subreaper) to end."""
-    while time.monotonic() < deadline:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return  # not ours (its parent reaped it) or gone already
-        if done:
-            return
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-
-
-_FORK = threading.Lock()
+def _ended(pid: int, deadline: float) -> bool:
+    """Whether ``pid`` (ours, or an orphan handed to this subreaper) has ended; past
+    ``deadline`` it is killed."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True  # not ours (its parent reaped it) or gone already
+    if not done and time.monotonic() > deadline:
+        os.kill(pid, signal.SIGKILL)
+    return bool(done)
 
 
 def _launch(folder: Path, durability: str, warm: bool) -> tuple[int, int]:
     folder.mkdir(parents=True, exist_ok=True)
     report = os.open(folder / "acks", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with _FORK:
-        pid = os.fork()
+    pid = os.fork()
     if pid == 0:  # the agent, in a process group of its own with its writer process
         os.setpgid(0, 0)
         code = 0
@@ -193,6 +187,11 @@ def _check(folder: Path, run_id: str, acked: dict[int, float]) -> dict[str, Any]
         finally:
             store.close()
     stored = set(seqs)
+    if event_runs - set(runs) and os.environ.get("KILL_TRIALS_DEBUG"):
+        import shutil
+
+        shutil.copytree(folder, f"/tmp/kept-{folder.name}", dirs_exist_ok=True)
+        print("run missing:", folder, file=sys.stderr)
     return {
         "lost_since": min((t for s, t in acked.items() if s not in stored), default=0.0),
         "lost": sum(1 for s in acked if s not in stored),
@@ -206,7 +205,9 @@ def _check(folder: Path, run_id: str, acked: dict[int, float]) -> dict[str, Any]
 
 def _trial(
     root: Path, durability: str, warm: bool, kind: str, n: int, pause: float
-) -> dict[str, Any]:
+) -> Generator[None, None, dict[str, Any]]:
+    """One trial, as steps: it yields wherever it waits, so that one thread drives many
+    trials at once (a fork from a threaded driver can inherit a held lock)."""
     folder = root / f"{kind}-{n}"
     t_start = time.monotonic()
     pid, _ = _launch(folder, durability, warm)
@@ -217,8 +218,10 @@ def _trial(
         child, _, acked, _ = _read_report(folder)
         if acked:
             break
-        time.sleep(0.002)
-    time.sleep(pause)
+        yield
+    kill_at = time.monotonic() + pause
+    while time.monotonic() < kill_at:
+        yield
     killed_at = time.monotonic()
     if kind == "agent":
         os.kill(pid, signal.SIGKILL)
@@ -229,10 +232,12 @@ def _trial(
         os.killpg(pid, signal.SIGKILL)
     # The agent (after a writer kill) finishes its run in-process; the writer process
     # (after an agent kill) commits what it received and exits.
-    _reap(pid, time.monotonic() + 60)
+    deadline = time.monotonic() + 60
+    while not _ended(pid, deadline):
+        yield
     child, run_id, acked, worst = _read_report(folder)
-    if child:
-        _reap(child, time.monotonic() + 60)
+    while child and not _ended(child, deadline):
+        yield
     figures = _check(folder, run_id, acked)
     lost_since = figures.pop("lost_since")
     figures["window_ms"] = round((killed_at - lost_since) * 1000, 1) if lost_since else 0.0
@@ -241,6 +246,25 @@ def _trial(
     if os.environ.get("KILL_TRIALS_DEBUG"):
         print(kind, n, round(time.monotonic() - t_start, 2), figures, file=sys.stderr)
     return figures
+
+
+def _drive(trials: list[Generator[None, None, dict[str, Any]]], width: int) -> list[Any]:
+    """Run the trials' steps, ``width`` trials at a time, from this one thread."""
+    results: list[Any] = [None] * len(trials)
+    waiting = list(enumerate(trials))
+    active: list[tuple[int, Generator[None, None, dict[str, Any]]]] = []
+    while waiting or active:
+        while waiting and len(active) < width:
+            active.append(waiting.pop(0))
+        for item in list(active):
+            index, steps = item
+            try:
+                next(steps)
+            except StopIteration as done:
+                results[index] = done.value
+                active.remove(item)
+        time.sleep(0.002)
+    return results
 
 
 def run(
@@ -253,9 +277,11 @@ def run(
     with tempfile.TemporaryDirectory(prefix="replayable-kill-") as tmp:
         root = Path(tmp)
         for kind in KINDS:
-            jobs = [(kind, n, rng.uniform(0.0, 0.3)) for n in range(trials)]
-            with ThreadPoolExecutor(parallel) as pool:
-                rows = list(pool.map(lambda job: _trial(root, durability, warm, *job), jobs))
+            steps = [
+                _trial(root, durability, warm, kind, n, rng.uniform(0.0, 0.3))
+                for n in range(trials)
+            ]
+            rows = _drive(steps, parallel)
             out[kind] = {
                 "trials": trials,
                 "acked": sum(r["acked"] for r in rows),
@@ -267,6 +293,9 @@ def run(
                 "runs_missing": sum(r["runs_missing"] for r in rows),
                 "broken_chains": sum(r["broken"] for r in rows),
                 "worst_block_ms": max(r["worst_block_ms"] for r in rows),
+                # An agent that never got going (a fork of this threaded driver can
+                # inherit a lock another thread held) is no trial of the writer.
+                "not_started": sum(1 for r in rows if not r["acked"]),
                 "worst_window_ms": max(r["window_ms"] for r in rows),
             }
     return out
