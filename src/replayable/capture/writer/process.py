@@ -259,13 +259,15 @@ class ProcessWriter:
             on_store_failure="spool" if self.on_store_failure == "spool" else "raise",
             spool_dir=self.spool_dir,
         )
-        # Set first: a hand-off from here on drains the buffer itself, so a call that
-        # was already on its way through this object's methods loses nothing.
-        self._fallback = fallback
         # What the child may not have committed: the blobs and starts of open runs
         # (a start the store holds already is recognised and not written twice; the
         # in-process writer adopts the runs and skips any seq it holds or has written).
+        # They go first, under the drain lock, so no event reaches the fallback before
+        # its run's start.
         with self._drain_lock:
+            # Set before: a hand-off from here on drains the buffer itself (after these),
+            # so a call already on its way through this object's methods loses nothing.
+            self._fallback = fallback
             for data in (*self._blobs.values(), *self._open_runs.values()):
                 kind, item = decode(data)
                 apply(fallback, kind, item)
