@@ -50,31 +50,33 @@ def genesis_hash(run_id: str) -> str:
     return hashlib.sha256(b"replayable-chain:" + run_id.encode()).hexdigest()
 
 
+def event_fields(event: Event) -> tuple[Any, ...]:
+    """The fields of ``event`` that its hash covers, in chain order."""
+    return (
+        event.run_id,
+        event.seq,
+        event.chain_index,
+        event.kind,
+        event.name,
+        event.key,
+        event.parent,
+        event.call_site,
+        event.request,
+        event.fingerprint,
+        event.response,
+        event.encoding,
+        event.error,
+        event.side_effect,
+        event.started_at,
+        event.duration_ns,
+        event.metadata,
+        event.schema_version,
+    )
+
+
 def event_hash(event: Event) -> str:
     """The hash an event must carry, given the ``prev_hash`` it carries."""
-    return chain_hash(
-        event.prev_hash,
-        (
-            event.run_id,
-            event.seq,
-            event.chain_index,
-            event.kind,
-            event.name,
-            event.key,
-            event.parent,
-            event.call_site,
-            event.request,
-            event.fingerprint,
-            event.response,
-            event.encoding,
-            event.error,
-            event.side_effect,
-            event.started_at,
-            event.duration_ns,
-            event.metadata,
-            event.schema_version,
-        ),
-    )
+    return chain_hash(event.prev_hash, event_fields(event))
 
 
 def run_seal(

@@ -28,7 +28,7 @@ import orjson
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from replayable.events.canonical import event_hash, genesis_hash, run_seal
+from replayable.events.canonical import event_fields, event_hash, genesis_hash, run_seal
 
 if TYPE_CHECKING:
     from replayable.events.model import Event, RunEnd, RunStart
@@ -234,26 +234,7 @@ def event_digest(key: ChainKey | None, event: Event) -> str:
     """The hash ``event`` must carry given the ``prev_hash`` it carries."""
     if key is None:
         return event_hash(event)
-    fields = (
-        event.run_id,
-        event.seq,
-        event.chain_index,
-        event.kind,
-        event.name,
-        event.key,
-        event.parent,
-        event.call_site,
-        event.request,
-        event.fingerprint,
-        event.response,
-        event.encoding,
-        event.error,
-        event.side_effect,
-        event.started_at,
-        event.duration_ns,
-        event.metadata,
-        event.schema_version,
-    )
+    fields = event_fields(event)
     return link(key, event.prev_hash, orjson.dumps(fields, option=_SORT))
 
 
