@@ -74,6 +74,26 @@ def event_fields(event: Event) -> tuple[Any, ...]:
     )
 
 
+def start_fields(start: RunStart) -> tuple[Any, ...]:
+    """The start record's fields as the seal and the start MAC cover them."""
+    return (
+        start.run_id,
+        start.workflow,
+        start.entrypoint,
+        start.parent_run_id,
+        start.parent_seq,
+        start.root_run_id,
+        start.tenant,
+        start.input,
+        start.metadata,
+        start.code,
+        start.env_hash,
+        start.lineage,
+        start.started_at,
+        start.schema_version,
+    )
+
+
 def event_hash(event: Event) -> str:
     """The hash an event must carry, given the ``prev_hash`` it carries."""
     return chain_hash(event.prev_hash, event_fields(event))
@@ -97,20 +117,7 @@ def run_seal(
         head,
         (
             "run-seal",
-            start.run_id,
-            start.workflow,
-            start.entrypoint,
-            start.parent_run_id,
-            start.parent_seq,
-            start.root_run_id,
-            start.tenant,
-            start.input,
-            start.metadata,
-            start.code,
-            start.env_hash,
-            start.lineage,
-            start.started_at,
-            start.schema_version,
+            *start_fields(start),
             status,
             output,
             error,

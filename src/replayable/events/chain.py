@@ -28,7 +28,13 @@ import orjson
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from replayable.events.canonical import event_fields, event_hash, genesis_hash, run_seal
+from replayable.events.canonical import (
+    event_fields,
+    event_hash,
+    genesis_hash,
+    run_seal,
+    start_fields,
+)
 
 if TYPE_CHECKING:
     from replayable.events.model import Event, RunEnd, RunStart
@@ -181,26 +187,6 @@ def parse_chain(label: object) -> ChainFormat:
 
 def _is_hex(text: str, length: int) -> bool:
     return len(text) == length and all(c in "0123456789abcdef" for c in text)
-
-
-def start_fields(start: RunStart) -> tuple[Any, ...]:
-    """The start record's fields as the seal and the start MAC cover them."""
-    return (
-        start.run_id,
-        start.workflow,
-        start.entrypoint,
-        start.parent_run_id,
-        start.parent_seq,
-        start.root_run_id,
-        start.tenant,
-        start.input,
-        start.metadata,
-        start.code,
-        start.env_hash,
-        start.lineage,
-        start.started_at,
-        start.schema_version,
-    )
 
 
 def start_mac(key: ChainKey, start: RunStart) -> str:
