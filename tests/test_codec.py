@@ -18,7 +18,13 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 import replayable
-from replayable.events.codec import decode_value, encode_request, encode_value
+from replayable.events.codec import (
+    decode_value,
+    dump_tree,
+    encode_request,
+    encode_value,
+    to_tree,
+)
 from replayable.replay import ReplayResult
 from replayable.store import EventStore, MemoryStore
 
@@ -360,6 +366,46 @@ def test_nested_str_and_int_enums_keep_their_type() -> None:
     assert out == {"mode": Mode.FAST, "levels": [Level.LOW]}
     assert out["mode"] is Mode.FAST
     assert out["levels"][0] is Level.LOW
+
+
+class Key(str):
+    """A str subclass, as a dict key or a value."""
+
+
+_SHARED = {"id": 1, "tags": ["a", "b"]}
+
+#: Plain-looking containers with one lossy thing hidden deep inside (or none: the
+#: last cases must stay untagged). Each must come back with the same types.
+_HIDDEN: dict[str, tuple[Any, bool]] = {
+    "tuple-deep": ({"rows": [{"id": 1, "pos": (3, 4)}]}, True),
+    "str-subclass-key": ({"a": 1, Key("b"): 2}, True),
+    "str-subclass-value": ([{"x": [Key("v")]}], True),
+    "uuid-deep": ({"ids": [uuid.UUID(int=7)]}, True),
+    "datetime-deep": ([{"at": dt.datetime(2026, 1, 2, 3, 4, 5)}], True),
+    "dataclass-deep": ({"p": [Point(1, 2)]}, True),
+    "intenum-deep": ({"levels": {"min": [Level.LOW]}}, True),
+    "nan-beside-null": ({"a": None, "b": [1.5, float("nan")]}, True),
+    "inf-deep": ([[[{"x": float("inf")}]]], True),
+    "null-and-floats": ({"a": None, "b": [1.5, -0.0, 2e300]}, False),
+    "shared-references": ({"first": _SHARED, "again": _SHARED, "list": [_SHARED] * 3}, False),
+    "plain-deep": ({"a": [[[[{"b": [1, "x", True, None, 2.5]}]]]]}, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_HIDDEN))
+def test_lossy_values_hidden_in_plain_containers_are_tagged(case: str) -> None:
+    """The fast path's exactness check sees every level: anything orjson would write as
+    something else (a tuple as an array, an enum or a str subclass as its value, NaN as
+    null) sends the value down the tagged path, and plain values stay untagged."""
+    value, lossy = _HIDDEN[case]
+    data, tagged = encode_value(value)
+    assert tagged is lossy
+    # The tagged path writes what the full walk writes; the fast path, plain JSON.
+    assert data == (dump_tree(to_tree(value)) if lossy else orjson.dumps(value))
+    if "subclass" not in case:  # an unregistered str subclass comes back as str
+        out = decode_value(data, "tagged" if tagged else "json")
+        assert shape(out) == shape(value)
+        assert repr(out) == repr(value)
 
 
 def test_unencodable_value_raises_with_path() -> None:

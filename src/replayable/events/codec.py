@@ -11,14 +11,14 @@ A value is stored in its own order: dict keys as they were inserted, so
 canonical instead (sorted keys), because their bytes are fingerprinted.
 
 The hot path (:func:`encode_value`) serializes with orjson first and checks
-that the JSON reads back equal to the value and that the value holds only
-exact JSON types (``marshal`` refuses subclasses, so a ``StrEnum`` nested in a
-dict is caught), which is cheap and catches tuples, UUIDs, enums, non-finite
-floats and anything orjson cannot write. Only when that check fails is the
-value walked in Python. Strings with lone surrogates (``os.fsdecode`` of a
-non-UTF-8 file name) are tagged and come back as they were; values nested
-deeper than :data:`MAX_DEPTH` levels, and values that contain themselves,
-raise :class:`UnencodableError` with the path where it happens.
+that the value holds only exact JSON types, a level at a time in C (so a
+tuple, UUID, datetime or ``StrEnum`` nested in a dict is caught), and that no
+float is NaN or infinite; orjson itself refuses anything else it cannot write.
+Only when that check fails is the value walked in Python. Strings with lone
+surrogates (``os.fsdecode`` of a non-UTF-8 file name) are tagged and come
+back as they were; values nested deeper than :data:`MAX_DEPTH` levels, and
+values that contain themselves, raise :class:`UnencodableError` with the path
+where it happens.
 
 Decoding builds classes only through the allowlist of
 :mod:`replayable.allowlist`: a stored record names a type, it never chooses
@@ -32,8 +32,8 @@ import dataclasses
 import datetime as dt
 import decimal
 import enum
+import gc
 import json
-import marshal
 import math
 import uuid
 import zoneinfo
@@ -73,6 +73,7 @@ _REQ_OPTS: Final = orjson.OPT_SORT_KEYS  # non-str keys take the to_tree path
 MAX_DEPTH: Final = 256
 _PLAIN_ROOTS: Final = frozenset({dict, list, str, int, float, bool, type(None)})
 _SCALARS: Final = frozenset({str, int, bool, type(None)})
+_referents: Final = gc.get_referents
 _I64_MIN: Final = -(2**63)
 _U64_MAX: Final = 2**64 - 1
 
@@ -153,19 +154,33 @@ def encode_value(value: Any) -> tuple[bytes, bool]:
             if t is float:
                 if value - value == 0.0:  # finite; NaN and infinities need a tag
                     return data, False
-            elif orjson.loads(data) == value and _exact(value):
+            elif _exact(value, data):
                 return data, False
     return dump_tree(to_tree(value)), True
 
 
-def _exact(value: Any) -> bool:
-    """Whether ``value`` holds only exact builtin types: ``marshal`` refuses subclasses
-    (a nested ``StrEnum`` equals its value, so the round-trip check alone misses it)."""
-    try:
-        marshal.dumps(value)
-    except ValueError:
-        return False
-    return True
+def _exact(value: Any, data: bytes) -> bool:
+    """Whether the container ``value``, which orjson wrote as ``data``, reads back as itself.
+
+    orjson writes tuples as arrays, enum members, UUIDs, datetimes and dataclasses as
+    their values, and NaN and the infinities as ``null``; each of these must take the
+    tagged path. The walk goes level by level through what the garbage collector sees
+    each container hold (a dict's values, and its keys unless all are exact ``str``),
+    so the type test runs in C over a whole level at once: any type outside the exact
+    JSON types refuses the fast path. orjson has already refused cycles and anything
+    deeper than it writes, so the walk ends. Floats read back as themselves unless one
+    is not finite, which orjson wrote as ``null``: only then is the round trip compared.
+    """
+    level = _referents(value)
+    floats = False
+    while level:
+        types = set(map(type, level))
+        if not types <= _PLAIN_ROOTS:
+            return False
+        if float in types:
+            floats = True
+        level = _referents(*level)
+    return not floats or b"null" not in data or bool(orjson.loads(data) == value)
 
 
 def encode_request(value: Any) -> bytes:
