@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from replayable.audit.actor import Actor, check_channel, require
 from replayable.audit.annotations import AnnotationSet, annotate_run, new_id
@@ -22,8 +22,12 @@ from replayable.store.base import EventStore
 
 if TYPE_CHECKING:
     from replayable.audit.scan import QueueItem
+    from replayable.diff.result import RunDiff
+    from replayable.replay.session import ReplayResult
+    from replayable.replay.stepper import Stepper
+    from replayable.store.search import EventQuery, SearchPage
 
-__all__ = ["AuditReader", "log_access"]
+__all__ = ["AuditReader", "log_access", "log_reads"]
 
 
 def log_access(
@@ -39,22 +43,44 @@ def log_access(
     now: float | None = None,
 ) -> AccessEntry:
     """Append one access-log entry and return it."""
+    reads = [(run_id, tenant, steps)]
+    return log_reads(
+        store, actor, channel=channel, what=what, reads=reads, purpose=purpose, now=now
+    )[0]
+
+
+def log_reads(
+    store: EventStore,
+    actor: Actor,
+    *,
+    channel: str,
+    what: Iterable[str],
+    reads: Iterable[tuple[str | None, str | None, Iterable[int]]],
+    purpose: str | None = None,
+    now: float | None = None,
+) -> list[AccessEntry]:
+    """Append one entry per ``(run_id, tenant, steps)`` read, all in one transaction."""
     at = time.time() if now is None else now
-    entry = AccessEntry(
-        entry_id=new_id(at),
-        at=at,
-        login=actor.login,
-        user=actor.user,
-        role=actor.role,
-        channel=check_channel(channel),
-        purpose=purpose,
-        run_id=run_id,
-        steps=tuple(steps),
-        what=tuple(what),
-        tenant=tenant,
-    )
-    store.append_access([entry])
-    return entry
+    kinds, via = tuple(what), check_channel(channel)
+    entries = [
+        AccessEntry(
+            entry_id=new_id(at),
+            at=at,
+            login=actor.login,
+            user=actor.user,
+            role=actor.role,
+            channel=via,
+            purpose=purpose,
+            run_id=run_id,
+            steps=tuple(steps),
+            what=kinds,
+            tenant=tenant,
+        )
+        for run_id, tenant, steps in reads
+    ]
+    if entries:
+        store.append_access(entries)
+    return entries
 
 
 class AuditReader:
@@ -93,6 +119,31 @@ class AuditReader:
             purpose=self.purpose,
             tenant=None if run is None else run.start.tenant,
         )
+
+    def _log_runs(self, what: Iterable[str], reads: Sequence[tuple[Run, Iterable[int]]]) -> None:
+        """One entry per run read, all appended in one transaction."""
+        log_reads(
+            self.store,
+            self.actor,
+            channel=self.channel,
+            what=what,
+            reads=[(run.run_id, run.start.tenant, steps) for run, steps in reads],
+            purpose=self.purpose,
+        )
+
+    def _record(self, run: str | Run) -> Run:
+        return self.store.run(run) if isinstance(run, str) else run
+
+    def _tapes(self, record: Run, children: str) -> list[tuple[Run, list[int]]]:
+        """The run and (served from their tapes) its child runs, each with its steps."""
+        reads = [(record, [e.seq for e in self.store.events(record.run_id)])]
+        if children == "tape":
+            todo = self.store.children(record.run_id)
+            while todo:
+                child = todo.pop(0)
+                reads.append((child, [e.seq for e in self.store.events(child.run_id)]))
+                todo.extend(self.store.children(child.run_id))
+        return reads
 
     def run(self, run: str) -> Run:
         """The run record by id or prefix (its header: not a payload, not logged)."""
@@ -177,6 +228,62 @@ class AuditReader:
         return self.store.access_entries(
             run_id=None if record is None else record.run_id, who=who, since=since, limit=limit
         )
+
+    def replay(self, run: str | Run, **options: Any) -> ReplayResult:
+        """Re-execute a recorded run (keyword options as :func:`replayable.replay`),
+        logged first as a read of its tape and of the child runs served from theirs.
+
+        Only roles that may replay (``engineer``, ``admin``) may call it: an auditor
+        reads events without triggering replays."""
+        from replayable.replay.api import replay
+
+        require(self.actor, "replay", "replay runs")
+        record = self._record(run)
+        self._log_runs(
+            ("request", "response", "replay"), self._tapes(record, options.get("children", "tape"))
+        )
+        return replay(record.run_id, store=self.store, **options)
+
+    def stepper(self, run: str | Run) -> Stepper:
+        """A :class:`~replayable.replay.stepper.Stepper` on the run, logged like a replay."""
+        from replayable.replay.stepper import Stepper
+
+        require(self.actor, "replay", "replay runs")
+        record = self._record(run)
+        self._log_runs(("request", "response", "replay"), self._tapes(record, "tape"))
+        return Stepper(record.run_id, store=self.store)
+
+    def diff(
+        self,
+        a: str | Run,
+        b: str | Run,
+        *,
+        ignore: Iterable[str] = (),
+        significant: Iterable[str] = (),
+    ) -> RunDiff:
+        """Two runs compared step by step (see :func:`replayable.diff`), logged as a read
+        of both runs' payloads before it is returned."""
+        from replayable.diff.result import diff
+
+        require(self.actor, "read", "read recorded payloads")
+        left, right = self._record(a), self._record(b)
+        result = diff(left, right, store=self.store, ignore=ignore, significant=significant)
+        self._log_runs(
+            ("request", "response", "diff"),
+            [
+                (left, [p.left.seq for p in result.pairs if p.left is not None]),
+                (right, [p.right.seq for p in result.pairs if p.right is not None]),
+            ],
+        )
+        return result
+
+    def search(self, query: EventQuery) -> SearchPage:
+        """One page of runs whose events match ``query`` (their payloads are searched),
+        logged as one ``search`` entry per run found, naming the matching steps."""
+        require(self.actor, "read", "search recorded payloads")
+        page = self.store.search(query)
+        self._log_runs(("search",), [(h.run, [e.seq for e in h.events]) for h in page.hits])
+        return page
 
     def annotate(
         self,

@@ -12,8 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-import replayable
-from replayable.cli._context import state, whole_stdout
+from replayable.cli._context import whole_stdout
+from replayable.cli.audit import AsUser, Purpose, RoleOpt, reader
 from replayable.diff import FieldChange, RunDiff, StepPair
 
 __all__ = ["diff", "diff_view", "main_change"]
@@ -165,17 +165,20 @@ def diff(
         bool, typer.Option("--all", help="Show unchanged steps too (and list them in JSON).")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the diff as JSON.")] = False,
+    user: AsUser = None,
+    role: RoleOpt = None,
+    purpose: Purpose = None,
 ) -> None:
     """Align two runs step by step and name where they first part ways.
 
     Exit 0 if they are identical (noise aside), 1 if they differ. Paths are
-    dotted patterns such as ``response.*.id`` or ``request.amount``.
+    dotted patterns such as ``response.*.id`` or ``request.amount``. Reading both
+    runs is written to the access log.
     """
-    store = state(ctx).store()
-    result = replayable.diff(
-        store.resolve(a),
-        store.resolve(b),
-        store=store,
+    audit = reader(ctx, user, role, purpose)
+    result = audit.diff(
+        audit.store.resolve(a),
+        audit.store.resolve(b),
         ignore=ignore or (),
         significant=significant or (),
     )

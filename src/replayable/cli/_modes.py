@@ -13,17 +13,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-import replayable
-from replayable.cli._context import fail, state, stdout
+from replayable.cli._context import fail, stdout
 from replayable.cli._overrides import check_overrides
 from replayable.cli._replay import agent_paths
+from replayable.cli.audit import AsUser, Purpose, RoleOpt, reader
 from replayable.cli.render import event_parts, status_text
 from replayable.cli.runtree import lineage_rows
 from replayable.errors import ConfigurationError, ReplayDivergenceError, ReplayError
 from replayable.replay.frames import PausePoint
 from replayable.replay.loading import load_entrypoint
 from replayable.replay.session import ReplayResult
-from replayable.replay.stepper import Stepper, StepperShell
+from replayable.replay.stepper import StepperShell
 
 __all__ = ["parse_overrides", "pause_view", "replay", "step"]
 
@@ -217,6 +217,9 @@ def replay(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    user: AsUser = None,
+    role: RoleOpt = None,
+    purpose: Purpose = None,
 ) -> None:
     """Re-execute a recorded run: exactly, up to a step, forked at a step, or counterfactually.
 
@@ -227,7 +230,8 @@ def replay(
     this one. The run's entrypoint is imported by name, so run this from the
     directory the agent was recorded in (it is put on the import path); only a
     ``@replayable.workflow`` from an allowed module is called (``[tool.replayable]
-    entrypoints``), or the function ``--entry`` names.
+    entrypoints``), or the function ``--entry`` names. Reading the tape is written to the
+    access log (engineer and admin roles may replay).
     """
     overrides = parse_overrides(override or [])
     if stop_at is not None and (fork_at is not None or overrides or live):
@@ -235,7 +239,8 @@ def replay(
             "--stop-at pauses a pure replay; it cannot be combined with --fork-at, "
             "--override or --live"
         )
-    store = state(ctx).store()
+    audit = reader(ctx, user, role, purpose)
+    store = audit.store
     run_id = store.resolve(run)
     unreadable = store.get_run(run_id).problems
     if unreadable:
@@ -245,9 +250,8 @@ def replay(
     agent_paths()
     try:
         fn = load_entrypoint(store.run(run_id), entry) if entry else None
-        result = replayable.replay(
+        result = audit.replay(
             run_id,
-            store=store,
             fn=fn,
             strict=strict,
             stop_at=stop_at,
@@ -285,16 +289,20 @@ def replay(
 def step(
     ctx: typer.Context,
     run: Annotated[str, typer.Argument(help="Run id or a unique prefix of one.")],
+    user: AsUser = None,
+    role: RoleOpt = None,
+    purpose: Purpose = None,
 ) -> None:
     """Step through a replay like a debugger, reading commands from stdin ('help' lists them).
 
     Works in a terminal and through a pipe: ``printf 'next\\nwhere\\nquit\\n' |
-    replayable step RUN``. Exit 1 if the replay diverged or failed.
+    replayable step RUN``. Exit 1 if the replay diverged or failed. Reading the tape is
+    written to the access log.
     """
-    store = state(ctx).store()
-    run_id = store.resolve(run)
+    audit = reader(ctx, user, role, purpose)
+    run_id = audit.store.resolve(run)
     agent_paths()
-    stepper = Stepper(run_id, store=store)
+    stepper = audit.stepper(run_id)
     result = StepperShell(stepper, sys.stdin, sys.stdout).run()
     if result is not None and result.status in ("diverged", "failed"):
         raise typer.Exit(1)

@@ -30,7 +30,7 @@ from rich.progress import (
 
 from replayable._files import private_dir, write_private
 from replayable.audit.access import AuditReader
-from replayable.cli._context import state, stdout
+from replayable.cli._context import stdout
 from replayable.cli.audit import AsUser, Purpose, RoleOpt, reader
 from replayable.errors import ConfigurationError
 from replayable.events.model import Run
@@ -132,8 +132,12 @@ def query(
     limit: Annotated[int, typer.Option(help="Runs per page.")] = 50,
     offset: Annotated[int, typer.Option(help="Runs to skip (from a previous page).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+    user: AsUser = None,
+    role: RoleOpt = None,
+    purpose: Purpose = None,
 ) -> None:
-    """Find runs whose events match: by workflow, kind, name, time, metadata and payload."""
+    """Find runs whose events match: by workflow, kind, name, time, metadata and payload.
+    Each run found is written to the access log with its matching steps."""
     q = build_query(
         workflow=workflow,
         kind=kind,
@@ -145,7 +149,7 @@ def query(
         limit=limit,
         offset=offset,
     )
-    page = state(ctx).store().search(q)
+    page = reader(ctx, user, role, purpose).search(q)
     out = stdout()
     for hit in page.hits:
         if as_json:

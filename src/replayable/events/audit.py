@@ -86,7 +86,10 @@ class AccessEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     application user; ``steps`` lists the seqs whose payloads were shown
     (empty when the read was not of events); ``what`` names the kinds of data
     read (``request``, ``response``, ``annotations``, ``flags``,
-    ``access_log``, ``report``).
+    ``access_log``, ``report``) and, for reads that are not a plain display,
+    how they were used: ``replay`` (a replay served the tape to agent code),
+    ``diff`` (two runs compared), ``search`` (payloads matched by a query;
+    ``steps`` are the matching ones).
     """
 
     entry_id: str
