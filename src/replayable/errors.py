@@ -18,7 +18,8 @@
     │   ├── EntrypointNotFoundError (ImportError)
     │   ├── EntryImportError                 importing the entry module failed or ran live code
     │   └── UntrustedRecordError             a record names code or a type replay will not load
-    └── ReplayDivergenceError                replay parted from the tape (``strict=True``)
+    ├── ReplayDivergenceError                replay parted from the tape (``strict=True``)
+    └── FixtureError (ValueError)            a fixture file that cannot be read or written
 
 Each store driver maps its own exceptions into this tree once (the SQLite
 store in ``store/sqlite.py``, the PostgreSQL store in
@@ -43,6 +44,7 @@ __all__ = [
     "ConfigurationError",
     "EntryImportError",
     "EntrypointNotFoundError",
+    "FixtureError",
     "RecordedError",
     "ReplayDivergenceError",
     "ReplayError",
@@ -188,6 +190,11 @@ class ReplayDivergenceError(ReplayableError):
     def __init__(self, divergence: Divergence) -> None:
         super().__init__(divergence.message)
         self.divergence = divergence
+
+
+class FixtureError(ReplayableError, ValueError):
+    """A fixture file of another format or a newer version, a bad record in one, or a
+    run that cannot be exported (unreadable, or its chain does not verify)."""
 
 
 class RecordedError(Exception):

@@ -16,6 +16,7 @@ import typer
 from replayable.cli import anomalies as _anomalies
 from replayable.cli import audit as _audit
 from replayable.cli import db as _db
+from replayable.cli import fixtures as _fixtures
 from replayable.cli import keys as _keys
 from replayable.cli import query as _query
 from replayable.cli import status as _status
@@ -71,6 +72,7 @@ _keys.register(app)
 _anomalies.register(app)
 _query.register(app)
 _status.register(app)
+_fixtures.register(app)
 
 
 def main() -> None:
