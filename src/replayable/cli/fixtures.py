@@ -5,12 +5,10 @@
     replayable export 01a2b3 --sanitize default -o tests/incidents/gb-sct.replay
     replayable export 01a2b3 --tree --sanitize rules.toml -o incident.replay
     replayable import tests/incidents/gb-sct.replay --store sqlite:///runs.db
-    replayable export --otlp http://127.0.0.1:4318 --since 1h
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -39,28 +37,10 @@ def export(
             "national ids) or a rules file (.json/.toml).",
         ),
     ] = None,
-    otlp: Annotated[
-        str | None,
-        typer.Option(
-            "--otlp", metavar="URL", help="Send as OpenTelemetry traces to this OTLP/HTTP URL."
-        ),
-    ] = None,
-    since: Annotated[
-        str | None, typer.Option(help="With --otlp: every run started since (1h, 30d, a date).")
-    ] = None,
-    service: Annotated[
-        str, typer.Option(help="With --otlp: the service.name of the traces.")
-    ] = "replayable",
 ) -> None:
-    """Write a run (and its child runs) to one self-contained fixture file, or send runs
-    to an OpenTelemetry collector with --otlp."""
-    if otlp is not None:
-        _export_otlp(ctx, run, otlp, since, service)
-        return
+    """Write a run (and its child runs) to one self-contained fixture file."""
     if run is None or output is None:
-        raise fail("export needs a RUN and -o FILE (or --otlp URL)")
-    if since is not None:
-        raise fail("--since goes with --otlp; a fixture holds one run tree")
+        raise fail("export needs a RUN and -o FILE")
     from replayable.testing.fixture import export_fixture
     from replayable.testing.sanitize import SanitizeRules
 
@@ -77,32 +57,6 @@ def export(
         out.print(f"sanitized: {fx.manifest['replaced']} replacement(s) ({summary})", markup=False)
 
 
-def _export_otlp(
-    ctx: typer.Context, run: str | None, url: str, since: str | None, service: str
-) -> None:
-    from replayable.cli.query import parse_time
-    from replayable.store.base import RunFilter
-
-    try:
-        from replayable.integrations.otel import export_runs
-    except ImportError as exc:
-        raise fail(
-            f"--otlp needs OpenTelemetry ({exc.name} is missing): "
-            "pip install 'replayable[otel]'"
-        ) from None
-    store = state(ctx).store()
-    if (run is None) == (since is None):
-        raise fail("--otlp takes a RUN or --since, one of the two")
-    if run is not None:
-        runs = [store.run(run)]
-    else:
-        assert since is not None
-        cutoff = parse_time(since, "--since", time.time())
-        runs = store.list_runs(RunFilter(since=cutoff, limit=None))
-    sent = export_runs(store, runs, url, service=service)
-    stdout().print(f"sent {sent.runs} run(s), {sent.spans} spans to {url}", markup=False)
-
-
 def import_(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="A fixture file written by export.")],
@@ -117,8 +71,7 @@ def import_(
     finally:
         store.close()
     stdout().print(
-        f"imported {len(fx.starts)} run(s), {len(fx.events)} events from {file}; "
-        f"root {fx.root}",
+        f"imported {len(fx.starts)} run(s), {len(fx.events)} events from {file}; root {fx.root}",
         markup=False,
     )
 
@@ -126,4 +79,3 @@ def import_(
 def register(app: typer.Typer) -> None:
     app.command("export")(export)
     app.command("import")(import_)
-

@@ -23,7 +23,7 @@ from replayable.testing.fixture import (
     sanitize_fixture,
     write_fixture,
 )
-from replayable.testing.sanitize import Manifest, SanitizeRules, Sanitizer
+from replayable.testing.sanitize import Manifest, Sanitizer, SanitizeRules
 
 __all__ = [
     "FIXTURE_VERSION",

@@ -43,7 +43,7 @@ from replayable.store.base import EventStore
 from replayable.store.integrity import Integrity
 from replayable.store.memory import MemoryStore
 from replayable.store.verify import ChainReport, verify_run
-from replayable.testing.sanitize import Manifest, SanitizeRules, Sanitizer
+from replayable.testing.sanitize import Manifest, Sanitizer, SanitizeRules
 
 __all__ = [
     "FIXTURE_FORMAT",
@@ -223,8 +223,10 @@ def sanitize_fixture(fx: Fixture, rules: SanitizeRules) -> Fixture:
     for e in fx.events:
         where = f"run {e.run_id[:8]} event {e.seq} ({e.kind} {e.name})"
         request = _text(san, f"{where} request", e.request, sort=True)
-        fp = e.fingerprint if request == e.request else fingerprint(e.kind, e.name, request.encode())
-        new = msgspec.structs.replace(
+        fp = (
+            e.fingerprint if request == e.request else fingerprint(e.kind, e.name, request.encode())
+        )
+        sanitized = msgspec.structs.replace(
             e,
             request=request,
             fingerprint=fp,
@@ -232,7 +234,7 @@ def sanitize_fixture(fx: Fixture, rules: SanitizeRules) -> Fixture:
             error=None if e.error is None else _text(san, f"{where} error", e.error),
             metadata=san.rewrite(f"{where} metadata", e.metadata)[0],
         )
-        by_run.setdefault(e.run_id, []).append(new)
+        by_run.setdefault(e.run_id, []).append(sanitized)
     events: list[Event] = []
     heads: dict[str, str] = {}
     for run_id, evs in by_run.items():
@@ -252,9 +254,7 @@ def sanitize_fixture(fx: Fixture, rules: SanitizeRules) -> Fixture:
         head = heads.get(end.run_id, genesis_hash(end.run_id))
         seal = run_seal(head, start, end.status, output, error, end.ended_at, end.event_count)
         ends.append(
-            msgspec.structs.replace(
-                end, output=output, error=error, last_hash=seal, signature=None
-            )
+            msgspec.structs.replace(end, output=output, error=error, last_hash=seal, signature=None)
         )
     events.sort(key=lambda ev: (ev.run_id, ev.seq))
     return Fixture(
@@ -346,8 +346,10 @@ def read_fixture(path: str | Path) -> Fixture:
     except orjson.JSONDecodeError:
         header = None
     if not isinstance(header, dict) or header.get("format") != FIXTURE_FORMAT:
-        raise FixtureError(f"{target} is not a replayable fixture (its first line has no "
-                           f'"format": "{FIXTURE_FORMAT}")')
+        raise FixtureError(
+            f"{target} is not a replayable fixture (its first line has no "
+            f'"format": "{FIXTURE_FORMAT}")'
+        )
     records: list[Any] = []
     for n, line in enumerate(lines[1:], start=2):
         try:
@@ -499,4 +501,3 @@ def import_fixture(path: str | Path, store: EventStore) -> Fixture:
         durable=True,
     )
     return fx
-

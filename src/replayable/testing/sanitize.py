@@ -75,14 +75,16 @@ def mod97_ok(iban: str) -> bool:
 
 
 _EMAIL: Final = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
-# International (+CC …) or national (0… with separators) numbers; 8–15 digits in all.
+# International (+CC …) or national (0… with separators) numbers; 8-15 digits in all.
 _PHONE: Final = re.compile(
     r"(?<![\w+])(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){1,4}"
     r"|\(?0\d{2,4}\)?[ .-]\d{3,4}[ .-]?\d{3,4})(?![\w])"
 )
 _IBAN: Final = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b")
 # Visa, Mastercard, Amex, Discover, JCB, Diners prefixes; 13-19 digits, spaces or dashes.
-_CARD: Final = re.compile(r"(?<![\w-])(?:3[0478]|4|5[1-5]|2[2-7]|6[05])\d(?:[ -]?\d){11,17}(?![\w-])")
+_CARD: Final = re.compile(
+    r"(?<![\w-])(?:3[0478]|4|5[1-5]|2[2-7]|6[05])\d(?:[ -]?\d){11,17}(?![\w-])"
+)
 _SSN: Final = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\w-])")
 _NINO: Final = re.compile(
     r"\b(?!BG|GB|KN|NK|NT|TN|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b"
@@ -106,8 +108,14 @@ def _phones(text: str) -> Iterator[str]:
 
 def _ibans(text: str) -> Iterator[str]:
     for m in _IBAN.finditer(text):
-        if mod97_ok(m.group().replace(" ", "")):
-            yield m.group()
+        found = m.group()
+        # The pattern may run on into the next word ("… 7654 32 TICKET"): the longest
+        # prefix that passes the check is the IBAN.
+        ends = [i + 1 for i, c in enumerate(found) if c != " "]
+        for end in reversed(ends[14:]):
+            if (end == len(found) or found[end] == " ") and mod97_ok(found[:end].replace(" ", "")):
+                yield found[:end]
+                break
 
 
 def _cards(text: str) -> Iterator[str]:
@@ -421,10 +429,14 @@ class Sanitizer:
 
     def _card_int(self, value: int, where: str) -> int:
         text = str(value)
-        if "card" in self.rules.detectors and 13 <= len(text) <= 19 and _CARD.fullmatch(text):
-            if luhn_ok(text):
-                self.manifest.add("card", where)
-                return int(self.token(text, "card"))
+        if (
+            "card" in self.rules.detectors
+            and 13 <= len(text) <= 19
+            and _CARD.fullmatch(text)
+            and luhn_ok(text)
+        ):
+            self.manifest.add("card", where)
+            return int(self.token(text, "card"))
         return value
 
 
