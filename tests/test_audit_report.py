@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from replayable.audit import Actor, AuditReader, Scanner
@@ -149,6 +153,57 @@ def test_cli_report_for_one_run_in_three_formats(tmp_path: Path) -> None:
     data = json.loads((out / f"{rid}.json").read_text())
     assert data["generated_by"]["user"] == "olu"
     assert data["flags"][0]["rule"] == "empty_data_decision"
-    bad = CliRunner().invoke(app, [*args, "--format", "pdf"], env=env)
+    bad = CliRunner().invoke(app, [*args, "--format", "docx"], env=env)
     assert bad.exit_code == 2
-    assert "--format 'pdf' is not one of json, md, html" in bad.stderr
+    assert "--format 'docx' is not one of json, md, html, pdf" in bad.stderr
+
+
+def _poppler(tool: str) -> str:
+    found = shutil.which(tool)
+    if found is None:
+        message = f"{tool} (Debian's poppler-utils) is not installed"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message + " (CI=true: .ci/run installs it)")
+        pytest.skip(message)
+    return found
+
+
+def _dark_fraction(pgm: bytes) -> float:
+    """The share of pixels darker than mid-grey in a binary PGM (P5) image."""
+    fields = pgm.split(maxsplit=4)
+    assert fields[0] == b"P5", fields[:4]
+    width, height, pixels = int(fields[1]), int(fields[2]), fields[4]
+    assert len(pixels) >= width * height
+    return sum(1 for b in pixels[: width * height] if b < 128) / (width * height)
+
+
+def test_cli_report_as_pdf_renders_its_first_page(tmp_path: Path) -> None:
+    """``report --format pdf`` writes a PDF whose first page pdftoppm renders with ink on
+    it, and whose text (pdftotext) is the report's: title, run id, the flag, the escaped
+    hostile payload as text."""
+    pdftoppm, pdftotext = _poppler("pdftoppm"), _poppler("pdftotext")
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(path)
+    rid = _story(store)
+    store.close()
+    out = tmp_path / "reports"
+    env = {"COLUMNS": "200", "REPLAYABLE_USER": "", "REPLAYABLE_ROLE": ""}
+    args = ["--store", f"sqlite:///{path}", "report", "--run", rid, "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--format", "pdf", "--as", "olu"], env=env)
+    assert result.exit_code == 0, result.output
+    pdf = out / f"{rid}.pdf"
+    assert sorted(p.name for p in out.iterdir()) == [pdf.name]
+    assert pdf.read_bytes().startswith(b"%PDF-")
+    assert pdf.stat().st_mode & 0o777 == 0o600
+    page = subprocess.run(
+        [pdftoppm, "-gray", "-r", "40", "-f", "1", "-l", "1", str(pdf)],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert 0.005 < _dark_fraction(page) < 0.5  # text on a white page: neither blank nor black
+    text = subprocess.run(
+        [pdftotext, "-layout", str(pdf), "-"], capture_output=True, check=True, text=True
+    ).stdout
+    assert f"Audit report: run {rid}" in " ".join(text.split())
+    assert "empty_data_decision" in text
+    assert "<script>alert(" in text  # printed as text, never run

@@ -1,5 +1,5 @@
-"""An audit report (the dict of :func:`~replayable.audit.report.build_report`) as Markdown
-or as one self-contained HTML file that prints well.
+"""An audit report (the dict of :func:`~replayable.audit.report.build_report`) as Markdown,
+as one self-contained HTML file that prints well, or as that HTML printed to PDF.
 
 Payloads are untrusted text (a prompt may carry ``<script>``): the HTML
 escapes every value it prints, has no script, and loads nothing from outside
@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["to_html", "to_markdown"]
+__all__ = ["to_html", "to_markdown", "to_pdf"]
 
 
 def _when(ts: Any) -> str:
@@ -303,3 +303,20 @@ def to_html(r: dict[str, Any]) -> str:
         parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def to_pdf(r: dict[str, Any]) -> bytes:
+    """The HTML report printed to PDF by WeasyPrint (the ``pdf`` extra), with its print
+    styles; nothing is fetched from outside while rendering."""
+    try:
+        import weasyprint
+    except ImportError:  # pragma: no cover - the pdf extra is part of dev
+        from replayable.errors import ConfigurationError
+
+        raise ConfigurationError(
+            "PDF reports need WeasyPrint: pip install 'replayable[pdf]'"
+        ) from None
+    fetcher = weasyprint.URLFetcher(allowed_protocols=())
+    pdf = weasyprint.HTML(string=to_html(r), url_fetcher=fetcher).write_pdf()
+    assert isinstance(pdf, bytes)
+    return pdf

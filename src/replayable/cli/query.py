@@ -182,10 +182,13 @@ def query(
 Formats = Annotated[
     list[str] | None,
     typer.Option(
-        "--format", help="json, md or html (repeatable; default all three).", metavar="FORMAT"
+        "--format",
+        help="json, md, html or pdf (repeatable; default json, md and html).",
+        metavar="FORMAT",
     ),
 ]
-_FORMATS = ("json", "md", "html")
+_FORMATS = ("json", "md", "html", "pdf")
+_DEFAULT_FORMATS = ("json", "md", "html")
 
 
 def report(
@@ -213,7 +216,7 @@ def report(
     lineage, chain and seal status, timeline with the payloads of matching, flagged and
     annotated steps, anomaly flags, annotations with history, and the access-log summary.
     Producing it is written to the access log."""
-    chosen = tuple(dict.fromkeys(f.strip().lower() for f in formats or _FORMATS))
+    chosen = tuple(dict.fromkeys(f.strip().lower() for f in formats or _DEFAULT_FORMATS))
     bad = [f for f in chosen if f not in _FORMATS]
     if bad:
         raise ConfigurationError(f"--format {bad[0]!r} is not one of {', '.join(_FORMATS)}")
@@ -287,9 +290,9 @@ def write_report(
     matching: Sequence[int] = (),
     formats: Sequence[str] = ("json", "md", "html"),
 ) -> list[Path]:
-    """Write ``<run_id>.json``/``.md``/``.html`` (as ``formats`` says) for one run, each
+    """Write ``<run_id>.json``/``.md``/``.html``/``.pdf`` (as ``formats`` says) for one run, each
     file 0600; returns the paths."""
-    from replayable.audit.render import to_html, to_markdown
+    from replayable.audit.render import to_html, to_markdown, to_pdf
     from replayable.audit.report import build_report, report_json
 
     data = build_report(audit, run, matching=matching, query=query_text)
@@ -300,6 +303,8 @@ def write_report(
             write_private(path, report_json(data))
         elif fmt == "md":
             write_private(path, to_markdown(data).encode())
+        elif fmt == "pdf":
+            write_private(path, to_pdf(data))
         else:
             write_private(path, to_html(data).encode())
         written.append(path)
