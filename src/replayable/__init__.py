@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         annotate,
         annotations,
     )
+    from replayable.audit.policies import Policy, policy
     from replayable.capture import (
         ContextThreadPoolExecutor,
         Recording,
@@ -95,6 +96,8 @@ _LAZY: dict[str, str] = {
     "annotate": "replayable.audit",
     "annotations": "replayable.audit",
     "deterministic": "replayable.capture.deterministic",
+    "Policy": "replayable.audit.policies",
+    "policy": "replayable.audit.policies",
     "RunDiff": "replayable.diff",
     "diff": "replayable.diff",
     "Event": "replayable.events",
@@ -131,6 +134,7 @@ __all__ = [
     "EntrypointNotFoundError",
     "Event",
     "EventStore",
+    "Policy",
     "RecordedError",
     "Recording",
     "ReplayDivergenceError",
@@ -160,6 +164,7 @@ __all__ = [
     "llm",
     "now",
     "open_store",
+    "policy",
     "prompt",
     "randint",
     "random",

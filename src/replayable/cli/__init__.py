@@ -15,6 +15,7 @@ import typer
 
 from replayable.cli import anomalies as _anomalies
 from replayable.cli import audit as _audit
+from replayable.cli import check as _check
 from replayable.cli import db as _db
 from replayable.cli import fixtures as _fixtures
 from replayable.cli import keys as _keys
@@ -73,6 +74,7 @@ _anomalies.register(app)
 _query.register(app)
 _status.register(app)
 _fixtures.register(app)
+_check.register(app)
 
 
 def main() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -33,7 +34,13 @@ from replayable.replay.loading import check_records, load_entrypoint
 from replayable.replay.session import ReplayResult, ReplaySession, ReplayStatus, Served, Stop
 from replayable.store import EventStore, open_store
 
-__all__ = ["execute_session", "load_entrypoint", "prepare", "replay"]
+__all__ = ["PolicyCheck", "execute_session", "load_entrypoint", "prepare", "replay"]
+
+
+class PolicyCheck(Protocol):
+    """What ``replay(..., policies=…)`` takes: a :class:`replayable.audit.policies.Policy`."""
+
+    def evaluate(self, store: EventStore, run_id: str) -> Any: ...
 
 
 def _run_coroutine(make: Callable[[], Awaitable[Any]]) -> Any:
@@ -110,6 +117,7 @@ def replay(
     on_side_effect: Literal["stop", "recorded"] = "stop",
     metadata: Mapping[str, Any] | None = None,
     allow_network: bool = False,
+    policies: Iterable[PolicyCheck] = (),
 ) -> ReplayResult:
     """Re-execute a recorded run against its tape.
 
@@ -134,6 +142,12 @@ def replay(
     with the divergence ``unrecorded_io`` (host, port, call site), where the
     parts that run live let it through. ``allow_network=True`` lets it
     through everywhere, for the rare agent that needs it.
+
+    ``policies`` (see :func:`replayable.policy`) judge the run the replay made: a
+    fork's or counterfactual's new run, or, for a pure replay that is identical
+    (or incomplete or paused), the recorded run it reproduced. A pure replay that
+    diverged made no run to judge: ``result.policies`` is empty and the
+    divergence says why.
     """
     st = open_store(store)
     run = st.run(run_id)
@@ -237,6 +251,12 @@ def replay(
                 session.pause_hook = _pause_at(session, stop_at)
         session.allow_network = allow_network
         result = execute_session(session, run, wf, args, kwargs)
+    checks = tuple(policies)
+    if checks:
+        judged = result.new_run_id or (run.run_id if result.status != "diverged" else None)
+        if judged is not None:
+            verdicts = tuple(p.evaluate(st, judged) for p in checks)
+            result = dataclasses.replace(result, policies=verdicts)
     if strict and result.divergence is not None:
         raise ReplayDivergenceError(result.divergence)
     return result

@@ -83,6 +83,9 @@ class ReplayResult:
     paused: Any = None
     new_run_id: str | None = None
     blocked: tuple[int, ...] = ()
+    #: The verdicts of ``replay(..., policies=…)`` on the run the replay made (a fork's
+    #: or counterfactual's new run; the recorded run for a pure replay that matched it).
+    policies: tuple[Any, ...] = ()
 
     @property
     def ok(self) -> bool:
