@@ -9,15 +9,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
+import hashlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 import bench_audit
 import bench_capture
@@ -27,10 +31,12 @@ import bench_ingest
 import bench_modes
 import bench_postgres
 import bench_replay
-from harness import Config, Section, format_section
+from harness import Config, Section, format_section, payload_1kb
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = ROOT / ".replayable" / "bench-results.json"
+#: Above this 1-minute load average, other work on the machine is in every figure.
+QUIET_LOAD = 0.5
 
 BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "capture": bench_capture.run,
@@ -117,13 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(quick=args.quick, profile=args.profile)
     names = args.only or list(BENCHMARKS)
 
+    load_start = _load()
+    floor_ns = cpu_floor_ns()
     print(
         f"replayable bench ({'quick' if cfg.quick else 'full'}): python "
         f"{platform.python_version()}, {platform.system()} {platform.machine()}, "
-        f"{os.cpu_count()} cpus, load average {_load()}",
+        f"{os.cpu_count()} cpus, load average {_shown_load(load_start)}; "
+        f"CPU floor {floor_ns / 1000:.2f} µs (orjson + sha256 of 1 KB)",
         flush=True,
     )
-    load_start = _load()
+    _warn_if_busy("at the start", load_start)
     started = time.perf_counter()
     sections: list[Section] = []
     for i, name in enumerate(names):
@@ -147,7 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         profiling.run(cfg, names)
 
     total = time.perf_counter() - started
+    load_end = _load()
     print("\n" + _summary(sections, total))
+    print(
+        f"  load average {_shown_load(load_start)} at the start, {_shown_load(load_end)} at the end"
+    )
+    busy = _warn_if_busy("at the end", load_end) | _warn_if_busy(
+        "at the start", load_start, quiet=True
+    )
 
     report: dict[str, Any] = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -157,13 +173,16 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "load_average_start": load_start,
-        "load_average_end": _load(),
+        "load_average_end": load_end,
+        "quiet": not busy,
+        "cpu_floor_ns": floor_ns,
         "total_s": total,
         "benchmarks": {
             s.name: {
                 "title": s.title,
                 "error": s.error,
                 "seconds": s.seconds,
+                "rows": [[r.label, r.value, r.detail] for r in s.rows],
                 "targets": [t.as_dict() for t in s.targets],
                 "figures": s.data,
             }
@@ -185,12 +204,43 @@ def _settle() -> None:
     time.sleep(1.0)
 
 
-def _load() -> str:
+def _load() -> float | None:
     """The 1-minute load average: other work on the machine shows up in every figure."""
     try:
-        return f"{os.getloadavg()[0]:.2f}"
+        return round(os.getloadavg()[0], 2)
     except OSError:
-        return "n/a"
+        return None
+
+
+def _shown_load(load: float | None) -> str:
+    return "n/a" if load is None else f"{load:.2f}"
+
+
+def _warn_if_busy(when: str, load: float | None, *, quiet: bool = False) -> bool:
+    """Say so when the machine was not quiet; True if it was busy."""
+    if load is None or load <= QUIET_LOAD:
+        return False
+    if not quiet:
+        print(
+            f"  WARNING: load average {load:.2f} {when} (> {QUIET_LOAD}): other work shared "
+            "the CPUs, so absolute figures are inflated; compare ratios within this run only",
+            flush=True,
+        )
+    return True
+
+
+def cpu_floor_ns(samples: int = 41, batch: int = 200) -> float:
+    """Median ns of orjson-dumping and sha256-hashing the 1 KB payload: how fast this
+    machine is right now, so figures from two runs can be set side by side."""
+    payload = payload_1kb()
+    dumps, sha = orjson.dumps, hashlib.sha256
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter_ns()
+        for _ in range(batch):
+            sha(dumps(payload, option=orjson.OPT_SORT_KEYS)).digest()
+        out.append((time.perf_counter_ns() - t0) / batch)
+    return statistics.median(out)
 
 
 def _shown(path: Path) -> str:
