@@ -21,6 +21,7 @@ from replayable.cli import fixtures as _fixtures
 from replayable.cli import keys as _keys
 from replayable.cli import query as _query
 from replayable.cli import status as _status
+from replayable.cli import web as _web
 from replayable.cli._context import STORE_HELP, CliState, ReplayableGroup
 from replayable.cli._diffview import diff
 from replayable.cli._inspect import runs, show, verify
@@ -75,6 +76,7 @@ _query.register(app)
 _status.register(app)
 _fixtures.register(app)
 _check.register(app)
+_web.register(app)
 
 
 def main() -> None:

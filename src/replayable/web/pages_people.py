@@ -1,0 +1,86 @@
+"""Signing in and out, and the accounts page (admins)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.responses import RedirectResponse, Response
+
+from replayable.errors import ConfigurationError
+from replayable.web.app import ctx_of
+from replayable.web.auth import new_session
+from replayable.web.context import Ctx, WebState
+
+Deco = Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]]
+
+__all__ = ["register"]
+
+CtxDep = Annotated[Ctx, Depends(ctx_of)]
+
+
+def _next(target: str | None) -> str:
+    # Only a path of this site: never an absolute or scheme-relative URL.
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/runs"
+    return target
+
+
+def register(
+    both: Deco,
+    page: Deco,
+    api: Deco,
+    out: Callable[..., Response],
+    state: WebState,
+    roles: list[str],
+) -> None:
+    config = state.config
+
+    @page("/login", "public")
+    def login_page(ctx: CtxDep, next: str | None = None) -> Response:
+        return out(ctx, "login.html", {"next": _next(next), "failed": False})
+
+    @page("/login", "public", method="POST")
+    async def login(ctx: CtxDep, request: Request) -> Response:
+        form = await request.form()
+        name, password = form.get("name"), form.get("password")
+        target = _next(form.get("next") if isinstance(form.get("next"), str) else None)  # type: ignore[arg-type]
+        account = None
+        if isinstance(name, str) and isinstance(password, str):
+            account = config.users.check_password(name.strip(), password)
+        if account is None:
+            return out(ctx, "login.html", {"next": target, "failed": True}, 401)
+        # A new session (and CSRF token) at sign-in: no fixation of the anonymous one.
+        request.state.session = new_session(account.name, config.session_hours)
+        request.state.set_session = True
+        return RedirectResponse(target, 303)
+
+    @page("/logout", "signed_in", method="POST")
+    def logout(ctx: CtxDep) -> Response:
+        ctx.request.state.session = new_session(None, config.session_hours)
+        ctx.request.state.set_session = True
+        return RedirectResponse("/login", 303)
+
+    @both("/admin/users", "admin")
+    def users(ctx: CtxDep) -> Response:
+        """Local accounts, their roles and tenants (admins). Passwords and tokens are
+        managed with ``replayable users``."""
+        data = {
+            "path": str(config.users.path),
+            "users": [a.public() for a in config.users.accounts()],
+            "roles": roles,
+        }
+        return out(ctx, "users.html", data)
+
+    @page("/admin/users/{name}/role", "admin", method="POST")
+    async def set_role(ctx: CtxDep, name: str, request: Request) -> Response:
+        form = await request.form()
+        role, tenant = form.get("role"), form.get("tenant")
+        if not isinstance(role, str):
+            raise HTTPException(400, "no role given")
+        try:
+            config.users.set_role(name, role, tenant=tenant if isinstance(tenant, str) else None)
+        except ConfigurationError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        return RedirectResponse("/admin/users", 303)
