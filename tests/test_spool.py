@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 import replayable
+from replayable.capture.config import settings
 from replayable.capture.writer import PendingEvent, Writer, writer_for
 from replayable.capture.writer.spool import Spool, SpoolBatch, read_records, rejects_path
 from replayable.errors import AppendOnlyError, StoreError
@@ -436,4 +437,45 @@ def test_a_writer_with_nothing_left_to_drain_is_back(sqlite_path: Path, tmp_path
         assert [e.seq for e in store.events(run_id)] == [1]
     finally:
         writer.close()
+        store.close()
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_locked_sqlite_file_holds_a_durable_boundary_at_most_its_bound(
+    writer: str, tmp_path: Path
+) -> None:
+    """Another process holds the database's write lock: a durable caller commits on its
+    own thread, so SQLite's own wait must be the bound, not its 30 s busy timeout. The
+    boundary spools within the bound, and once the lock is gone all of it lands once."""
+    import sqlite3
+
+    db = tmp_path / "locked.db"
+    store = SQLiteStore(db)
+    before = settings.writer
+    settings.writer = writer
+    blocker = sqlite3.connect(db, isolation_level=None)
+    try:
+
+        def lock() -> None:
+            blocker.execute("BEGIN IMMEDIATE")  # the write lock, held
+
+        def release() -> None:
+            blocker.execute("ROLLBACK")
+
+        HOOKS.update({2: lock, 5: release})
+        t0 = time.monotonic()
+        with replayable.recording(
+            store, durability="durable", spool_dir=tmp_path / "spool", max_block_s=BOUND
+        ) as rec:
+            outage_agent(8)
+        assert time.monotonic() - t0 < 30, "a durable commit waited out SQLite's busy timeout"
+        assert max(TOOK[2:5]) < BOUND + SLACK, TOOK
+        assert writer_for(store).drain(timeout=10)
+        run_id = rec.run_ids[0]
+        assert [e.seq for e in store.events(run_id)] == list(range(1, 9))
+        assert store.get_run(run_id).status == "completed"
+        assert replayable.verify_run(store, run_id).ok
+    finally:
+        settings.writer = before
+        blocker.close()
         store.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from replayable.errors import AmbiguousRunIdError, RunNotFoundError
 from replayable.events.model import Event, Run, RunEnd, RunStart, RunStatus
@@ -140,6 +140,14 @@ class EventStore(AuditStore, ABC):
 
     url: str
 
+    #: Whether :meth:`append_bounded` ends within its bound by itself: it waits for no
+    #: lock, peer or network longer than that, and fails (:class:`StoreUnavailableError`)
+    #: instead. A writer then makes a durable caller's commit on the caller's own thread
+    #: rather than on a committer thread it can stop waiting for (two thread hand-offs
+    #: less per durable boundary). Only the disk's own time is not bounded: a disk that
+    #: stops answering holds the call, as it would hold a spool written to it.
+    bounds_own_waits: ClassVar[bool] = False
+
     @abstractmethod
     def append(
         self,
@@ -150,6 +158,19 @@ class EventStore(AuditStore, ABC):
         durable: bool = False,
     ) -> None:
         """Write one batch atomically. ``durable`` asks for it to reach stable storage."""
+
+    def append_bounded(
+        self,
+        starts: Sequence[RunStart] = (),
+        events: Sequence[Event] = (),
+        ends: Sequence[RunEnd] = (),
+        *,
+        durable: bool = False,
+        within: float,
+    ) -> None:
+        """:meth:`append`, waiting at most ``within`` seconds for anything but the disk
+        (only where :attr:`bounds_own_waits`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not bound its own waits")
 
     @abstractmethod
     def put_blob(self, digest: str, data: bytes) -> None:

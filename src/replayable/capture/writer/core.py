@@ -13,7 +13,10 @@ committed without acknowledging is recognised (by the PostgreSQL store's batch
 digest, or record by record) and never written twice.
 
 Store calls run on a committer thread and the writer waits for each at most
-``0.4 * max_block_s``; a call that takes longer counts as a stalled store.
+``0.4 * max_block_s``; a call that takes longer counts as a stalled store. A
+durable caller's own batch is committed on its own thread instead where the
+store bounds its waits by that bound itself (SQLite: its lock waits), which
+spares each durable boundary two thread hand-offs.
 What happens then is :mod:`~replayable.capture.writer.outage`'s concern (the
 spool, ``spool_dir``, default ``$REPLAYABLE_SPOOL_DIR`` or
 ``./.replayable/spool``), and a batch refused for good is
@@ -121,6 +124,8 @@ class Writer:
         self._status = WriterStatus(store.url)
         self._backoff = Backoff()
         self._committer = Committer()
+        # Read from the class: a store not opened yet must not be opened to ask.
+        self._bounded = bool(getattr(type(store), "bounds_own_waits", False))
         self._refusals = Refusals(
             store, self._committer, self._commit, lambda: self.stall_s, lambda: self.spool_dir
         )
@@ -284,7 +289,7 @@ class Writer:
         # which takes every record queued meanwhile (group commit).
         if kind != _MARK and not self._closed and self._work.acquire(blocking=False):
             try:
-                self._batches()
+                self._batches(inline=True)
             except Exception as exc:
                 log.exception("replayable: the writer for %s hit an error", self.store.url)
                 self.last_error = exc
@@ -363,8 +368,9 @@ class Writer:
             return True
         return False
 
-    def _batches(self) -> None:
-        """Build and persist what is queued, then drain the spool if it is time."""
+    def _batches(self, inline: bool = False) -> None:
+        """Build and persist what is queued, then drain the spool if it is time
+        (``inline``: on a durable caller's thread, see ``_persist``)."""
         queue = self._queue
         outage = self._outage
         while queue:
@@ -382,7 +388,7 @@ class Writer:
                 self._queue.extendleft(reversed(raw))
                 self._backoff.pause()
                 break
-            self._persist(batch, raw)
+            self._persist(batch, raw, inline)
             if outage.due():
                 outage.drain_some()
         if outage.due():
@@ -407,12 +413,38 @@ class Writer:
         )
         return error
 
-    def _persist(self, batch: Batch, raw: list[tuple[int, Any, Waiter | None]]) -> None:
+    def _commit_here(self, batch: Batch) -> Exception | None:
+        """Commit ``batch`` on this thread, the store bounding its own waits by the
+        stall bound (see ``EventStore.bounds_own_waits``)."""
+        data = batch.data
+        try:
+            self.store.append_bounded(
+                data.starts, data.events, data.ends, durable=batch.durable, within=self.stall_s
+            )
+        except Exception as exc:
+            return exc
+        return None
+
+    def _persist(
+        self, batch: Batch, raw: list[tuple[int, Any, Waiter | None]], inline: bool = False
+    ) -> None:
         outage = self._outage
         if outage.backlogged():
             outage.hold(batch, outage.down or StoreError(f"{self.store.url} is unavailable"))
             return
-        error = self._commit(batch)
+        # A durable caller writing its own batch commits it itself where the store
+        # bounds its waits (no blobs: those go one call each, on the committer), unless
+        # a call that stalled still holds the store.
+        if (
+            inline
+            and self._bounded
+            and batch.durable
+            and not batch.data.blobs
+            and not self._committer.busy
+        ):
+            error = self._commit_here(batch)
+        else:
+            error = self._commit(batch)
         if error is None:
             outage.succeeded()
             batch.resolve(None)
