@@ -25,7 +25,7 @@ from replayable.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["Batch", "Committer", "Outcome", "Stalled", "Waiter", "is_permanent"]
+__all__ = ["Batch", "Committer", "Flag", "Outcome", "Stalled", "Waiter", "is_permanent"]
 
 T = TypeVar("T")
 
@@ -51,6 +51,43 @@ def is_permanent(exc: BaseException) -> bool:
     return not isinstance(exc, StoreError | OSError)
 
 
+class Flag:
+    """A one-way ``threading.Event``: set once, never cleared, waited for by one thread
+    or several. A bare lock, held until set: every durable boundary makes one and
+    waits on it, and an ``Event`` (a condition, a lock, a list of waiters) cost it
+    several microseconds more."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._lock = _allocate_lock()
+        self._lock.acquire()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with _SETTING:  # two threads setting at once must release the lock once
+            if self._set:
+                return
+            self._set = True
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether it is set, waiting at most ``timeout`` seconds (``None``: forever)."""
+        if self._set:
+            return True
+        lock = self._lock
+        if lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            lock.release()  # the next waiter's turn: set stays set
+        return self._set
+
+
+_allocate_lock = threading.Lock
+_SETTING = threading.Lock()
+
+
 class Outcome(Generic[T]):
     """Something a thread waits for: ``outcome`` is ``None`` when it went well, else
     what went wrong. The first outcome wins."""
@@ -58,12 +95,12 @@ class Outcome(Generic[T]):
     __slots__ = ("done", "outcome")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self.done = Flag()
         self.outcome: T | None = None
 
     def resolve(self, outcome: T | None) -> None:
         """Settle the waiter; the first outcome wins."""
-        if not self.done.is_set():
+        if not self.done._set:
             self.outcome = outcome
             self.done.set()
 
