@@ -9,7 +9,8 @@ The driver kills at a random moment, reaps everything (it is a child
 subreaper, so the orphaned writer process comes back to it), then reads the
 store: acknowledged events missing (``lost``), seqs stored twice
 (``duplicated``), events whose run is missing (``orphans``), runs missing
-while their events are stored, chains that do not verify, and the longest a
+while their events are stored, runs missing at all once their first boundary
+had returned (``runs_lost``), chains that do not verify, and the longest a
 boundary took (``worst_block_ms``).
 """
 
@@ -151,6 +152,7 @@ def _nothing_stored(acked: dict[int, float]) -> dict[str, Any]:
         "duplicated": 0,
         "orphans": 0,
         "runs_missing": 0,
+        "run_lost": int(bool(acked)),
         "broken": 0,
         "stored": 0,
     }
@@ -187,6 +189,9 @@ def _check(folder: Path, run_id: str, acked: dict[int, float]) -> dict[str, Any]
         finally:
             store.close()
     stored = set(seqs)
+    # The run itself: once its first boundary has returned, it must be listed whatever
+    # else was in flight (a first run of the process too, beside a writer still starting).
+    run_lost = int(bool(acked) and bool(run_id) and run_id not in runs)
     if event_runs - set(runs) and os.environ.get("KILL_TRIALS_DEBUG"):
         import shutil
 
@@ -198,6 +203,7 @@ def _check(folder: Path, run_id: str, acked: dict[int, float]) -> dict[str, Any]
         "duplicated": len(seqs) - len(stored),
         "orphans": orphans,
         "runs_missing": len(event_runs - set(runs)),
+        "run_lost": run_lost,
         "broken": broken,
         "stored": len(seqs),
     }
@@ -291,6 +297,7 @@ def run(
                 "duplicated": sum(r["duplicated"] for r in rows),
                 "orphans": sum(r["orphans"] for r in rows),
                 "runs_missing": sum(r["runs_missing"] for r in rows),
+                "runs_lost": sum(r["run_lost"] for r in rows),
                 "broken_chains": sum(r["broken"] for r in rows),
                 "worst_block_ms": max(r["worst_block_ms"] for r in rows),
                 # An agent that never got going (a fork of this threaded driver can

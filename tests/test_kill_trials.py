@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TRIALS = int(os.environ.get("REPLAYABLE_KILL_TRIALS", "10"))
 
 
-def _run(mode: str, *extra: str) -> dict[str, dict[str, int]]:
+def _run(mode: str, *extra: str, kinds: str = "") -> dict[str, dict[str, int]]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    if kinds:
+        env["KILL_TRIALS_KINDS"] = kinds
     done = subprocess.run(
         [sys.executable, "-m", "tests.kill_trials", mode, str(TRIALS), "4", *extra],
         capture_output=True,
@@ -47,6 +49,7 @@ def test_durable_loses_nothing_acknowledged_whoever_is_killed() -> None:
         assert row["duplicated"] == 0, (kind, row)
         assert row["orphans"] == 0, (kind, row)
         assert row["runs_missing"] == 0, (kind, row)
+        assert row["runs_lost"] == 0, (kind, row)
         assert row["broken_chains"] == 0, (kind, row)
 
 
@@ -62,3 +65,20 @@ def test_buffered_loses_only_records_in_flight_and_never_a_run() -> None:
         assert row["broken_chains"] == 0, (kind, row)
     # The writer process's death loses what it held, not what the agent still had.
     assert figures["writer"]["lost"] < figures["writer"]["acked"]
+
+
+def test_a_first_buffered_run_killed_with_its_starting_writer_is_still_listed() -> None:
+    """The first run of a process, buffered, killed (with or without its writer
+    process) while that process is still starting: the run's start is on disk before
+    its first boundary returns, so the run is listed (incomplete) whatever was in
+    flight, and nothing of it is stored twice or without its run."""
+    figures = _run("buffered", kinds="group,writer")
+    for kind in ("group", "writer"):
+        row = figures[kind]
+        assert row["trials"] == TRIALS
+        assert row["not_started"] < TRIALS, (kind, row)
+        assert row["runs_lost"] == 0, (kind, row)
+        assert row["orphans"] == 0, (kind, row)
+        assert row["runs_missing"] == 0, (kind, row)
+        assert row["duplicated"] == 0, (kind, row)
+        assert row["broken_chains"] == 0, (kind, row)

@@ -525,3 +525,58 @@ def test_a_niced_writer_runs_at_the_agents_priority_while_a_record_is_late(
     if os.geteuid() != 0:
         pytest.skip("lowering a nice value needs root or CAP_SYS_NICE")
     assert seen == [10, 10, 0, 10]
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_run_started_before_the_writer_process_is_up_is_stored_at_once(
+    process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keyed: bool
+) -> None:
+    """While the writer process has not said it is up, a run's start is stored from the
+    agent's process before the first boundary returns; the writer process builds the
+    events and the end on it: one start row, a chain (keyed, anchored) that verifies,
+    and a replay that matches."""
+    import base64
+
+    from replayable.capture.writer.channel import current_channel
+
+    if keyed:
+        key = "k1:" + base64.b64encode(bytes(range(32))).decode()
+        monkeypatch.setenv("REPLAYABLE_CHAIN_KEY", key)
+        monkeypatch.setenv("REPLAYABLE_ANCHOR", f"file://{tmp_path}/anchor.log")
+    store = replayable.open_store(f"sqlite:///{tmp_path}/early.db")
+    seen: list[bool] = []
+
+    @replayable.tool
+    def early_step(i: int) -> int:
+        return i + 1
+
+    @replayable.workflow
+    def early_agent(n: int) -> int:
+        total = early_step(0)
+        st = active_state()
+        assert st is not None and st.run is not None
+        seen.append(st.run.run_id in {r.run_id for r in store.list_runs()})
+        return total + sum(early_step(i) for i in range(1, n))
+
+    try:
+        with replayable.recording(store) as rec:
+            channel = current_channel()
+            ready = channel.ready.is_set()
+            channel.ready.clear()  # as if the writer process were still starting
+            try:
+                out = early_agent(5)
+            finally:
+                if ready:
+                    channel.ready.set()
+        assert seen == [True], "the run was not stored when its first boundary returned"
+        run_id = rec.run_ids[0]
+        run = store.get_run(run_id)
+        assert run.status == "completed"
+        assert [e.seq for e in store.events(run_id)] == [1, 2, 3, 4, 5]
+        report = replayable.verify_run(store, run_id)
+        assert report.ok, report.message
+        if keyed:
+            assert run.start.chain is not None and ":k1:" in run.start.chain
+        assert replayable.replay(run_id, store=store, fn=early_agent).output == out
+    finally:
+        store.close()

@@ -9,10 +9,10 @@ writer; ``m`` asks for an acknowledgement, ``c`` closes the store, ``k`` and
 acknowledgement requests it flushes the store's writer and writes one line
 per request to stdout: the ticket, then an error message if the flush failed
 (``q`` and ``d`` are answered the same way: spooled or not, drained or not).
-A line with ticket ``0`` is news the agent did not ask for: ``0 <store>
-down <why>`` when a store's writer cannot store, ``0 <store> up`` when it can
-again. On end of input (the agent's process closed the pipe or died) it flushes what
-it has and exits.
+A line with ticket ``0`` is news the agent did not ask for: ``0 ready`` once
+this process is up, ``0 <store> down <why>`` when a store's writer cannot
+store, ``0 <store> up`` when it can again. On end of input (the agent's
+process closed the pipe or died) it flushes what it has and exits.
 
 The store is opened on its first use, not when the ``o`` record arrives: a
 database that cannot be reached yet is an outage like any other, and the
@@ -151,6 +151,7 @@ def main() -> int:
     gc.set_threshold(10_000, 10, 10)
     decoder = msgspec.msgpack.Decoder()
     stdin = sys.stdin.buffer
+    _say("0 ready\n")  # up: the agent's process stops storing run starts itself
     writers: dict[int, tuple[Writer, LazyStore]] = {}
     if nice:
         threading.Thread(

@@ -59,6 +59,9 @@ class Channel:
         self._tickets = itertools.count(1)
         self._sids = itertools.count(1)
         self.wake = threading.Event()
+        #: Set once the writer process says it is up (its interpreter started, its
+        #: modules imported): until then a run's start is stored by the agent's process.
+        self.ready = threading.Event()
         self.dead: BaseException | None = None
         self.closing = False
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -180,7 +183,10 @@ class Channel:
         for line in out:
             ticket_text, _, reply = line.decode().rstrip("\n").partition(" ")
             if ticket_text == "0":
-                self._news(reply)
+                if reply == "ready":
+                    self.ready.set()
+                else:
+                    self._news(reply)
                 continue
             with self.lock:
                 waiter = self.waiters.pop(int(ticket_text), None)

@@ -66,7 +66,7 @@ __all__ = ["PendingEvent", "Writer", "default_spool_dir"]
 
 log = logging.getLogger("replayable.writer")
 
-_EVENT, _START, _END, _BLOB, _MARK = range(5)
+_EVENT, _START, _END, _BLOB, _MARK, _KNOWN = range(6)
 _LETTER = {_EVENT: "e", _START: "s", _END: "x", _BLOB: "b"}
 
 
@@ -250,6 +250,16 @@ class Writer:
         else:
             self._queue.append((_START, start, None))
         self._raise_down()
+
+    def known_start(self, start: RunStart) -> None:
+        """A run's start, linked and stored by another writer of this store: build its
+        events and end on it, without writing it again (see ``ProcessWriter.start``)."""
+        self._queue.append((_KNOWN, start, None))
+
+    def take_start(self, run_id: str) -> RunStart | None:
+        """The start record this writer built for ``run_id`` (linked as stored), which
+        it forgets: another writer will build the run's events and end on it."""
+        return self._linker.starts.pop(run_id, None)
 
     def end(self, end: tuple[str, str, bytes | None, bytes | None, float], durable: bool) -> None:
         """Hand off a run's outcome; the writer adds the chain head and count."""
@@ -505,6 +515,9 @@ class Writer:
             if kind == _MARK:
                 if waiter is not None:
                     marks.append(waiter)
+                continue
+            if kind == _KNOWN:
+                linker.starts[item.run_id] = item
                 continue
             try:
                 if kind == _EVENT:

@@ -2,8 +2,9 @@
 
 A record crosses the pipe as a msgpack array ``(kind, item)``: ``e`` an event
 (a :data:`~replayable.capture.writer.linker.PendingEvent`), ``s`` a run start,
-``x`` a run end, ``b`` a blob; the control records are described in
-:mod:`replayable.capture.writer._child`.
+``x`` a run end, ``b`` a blob, ``S`` a run start the agent's process has
+stored already (linked: the writer builds on it and does not write it); the
+control records are described in :mod:`replayable.capture.writer._child`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def apply(writer: Writer, kind: str, item: Any, durable: bool = False) -> None:
         writer.event(tuple(item), durable)
     elif kind == "s":
         writer.start(msgspec.convert(item, RunStart), durable)
+    elif kind == "S":
+        writer.known_start(msgspec.convert(item, RunStart))
     elif kind == "x":
         writer.end(tuple(item), durable)
     elif kind == "b":

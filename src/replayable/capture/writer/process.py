@@ -15,7 +15,11 @@ Durable records and flushes wait for the child's acknowledgement, which it
 sends once the batch holding them is committed (or spooled, fail-open). If
 the agent's process is killed, the child still commits what it had received.
 If the child dies, every store falls back to an in-process ``Writer`` for what
-follows and fails the waiters it could not confirm.
+follows and fails the waiters it could not confirm. Until the child says it is
+up (its start-up takes 0.1 s idle, up to 1 s on a loaded machine), a run's
+start is stored from the agent's process before the run's first boundary
+returns, so that a kill of both in that window leaves the run listed; the
+child builds the run's events on that start (an ``S`` record).
 
 This is the default for stores that another process can open (SQLite files,
 PostgreSQL); ``REPLAYABLE_WRITER=thread`` or ``configure(writer="thread")``
@@ -143,17 +147,37 @@ class ProcessWriter:
 
     def start(self, start: RunStart, durable: bool = False) -> None:
         if durable:
-            lane = self._durable()
-            for digest, data in list(self._blobs.items()):
-                if digest not in self._lane_blobs:
-                    self._lane_blobs.add(digest)
-                    _, (name, raw) = decode(data)
-                    lane.blob(name, raw)
-            lane.start(start, True)
+            self._start_here(start, keep=True)  # the run is written here to its end
             return
-        data = _ENCODER.encode(("s", start))
+        data: bytes | None = None
+        if not self._channel.ready.is_set() and self._fallback is None:
+            # The writer process is still starting (0.1 s idle, up to 1 s on a loaded
+            # machine): a kill of both now would take the run with it. Its start is
+            # stored here, before the run's first boundary can return; the writer
+            # process builds the run's events and end on it.
+            try:
+                linked = self._start_here(start)
+            except StoreError:
+                linked = None  # not stored in time: the writer process writes it
+            if linked is not None:
+                data = _ENCODER.encode(("S", linked))
+        if data is None:
+            data = _ENCODER.encode(("s", start))
         self._open_runs[start.run_id] = data
         self._append(data)
+
+    def _start_here(self, start: RunStart, keep: bool = False) -> RunStart | None:
+        """Store a run's start from this process (with the blobs it names); unless
+        ``keep``, hand it back as linked (``None`` if it was refused) for the writer
+        process to build the run on."""
+        lane = self._durable()
+        for digest, data in list(self._blobs.items()):
+            if digest not in self._lane_blobs:
+                self._lane_blobs.add(digest)
+                _, (name, raw) = decode(data)
+                lane.blob(name, raw)
+        lane.start(start, True)
+        return None if keep else lane.take_start(start.run_id)
 
     def end(self, end: tuple[str, str, bytes | None, bytes | None, float], durable: bool) -> None:
         if durable:
