@@ -554,7 +554,8 @@ def test_a_run_started_before_the_writer_process_is_up_is_stored_at_once(
     def early_agent(n: int) -> int:
         total = early_step(0)
         st = active_state()
-        assert st is not None and st.run is not None
+        assert st is not None
+        assert st.run is not None
         seen.append(st.run.run_id in {r.run_id for r in store.list_runs()})
         return total + sum(early_step(i) for i in range(1, n))
 
@@ -576,7 +577,8 @@ def test_a_run_started_before_the_writer_process_is_up_is_stored_at_once(
         report = replayable.verify_run(store, run_id)
         assert report.ok, report.message
         if keyed:
-            assert run.start.chain is not None and ":k1:" in run.start.chain
+            assert run.start.chain is not None
+            assert ":k1:" in run.start.chain
         assert replayable.replay(run_id, store=store, fn=early_agent).output == out
     finally:
         store.close()
