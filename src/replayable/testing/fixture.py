@@ -275,6 +275,7 @@ def _manifest(m: Manifest, rules: SanitizeRules) -> dict[str, Any]:
             "names": len(rules.names),
             "regexes": [name for name, _ in rules.regexes],
             "paths": [{"name": p.name, "path": p.path, "tool": p.tool} for p in rules.paths],
+            "kept": len(rules.keep),
         },
         "replaced": m.total,
         "by_rule": m.to_json(),

@@ -22,8 +22,10 @@ throughout one fixture and the tokens cannot be reversed by guessing values.
 Because the replayed agent receives sanitized inputs and sanitized results,
 the requests it makes contain the same tokens as the sanitized recording.
 What this cannot see: a value the agent transforms before sending it on
-(upper-casing an email, slicing a phone number); such a run replays divergent
-at that step, and the export's replay check says so.
+(upper-casing an email, slicing a phone number), and a value written in the
+agent's own code (a team mailbox it always mails): the replayed code asks with
+the original, so such a run replays divergent at that step, and the divergence
+names the token and the value. List such constants in ``keep``.
 
 The :class:`Manifest` says which rule replaced how many values where, never
 the values or their tokens.
@@ -195,7 +197,7 @@ class SanitizeRules:
          "names": ["Fiona MacLeod"], "names_files": ["people.txt"],
          "regexes": [{"name": "contract_ref", "pattern": "CR-\\\\d{6}"}],
          "paths": [{"name": "customer", "path": "request.customer_id", "tool": "lookup"}],
-         "salt": "fixed text for reproducible tokens"}
+         "keep": ["ops@example.com"], "salt": "fixed text for reproducible tokens"}
     """
 
     detectors: tuple[str, ...] = tuple(DETECTORS)
@@ -203,6 +205,9 @@ class SanitizeRules:
     regexes: tuple[tuple[str, str], ...] = ()
     paths: tuple[PathRule, ...] = ()
     salt: bytes | None = None
+    #: Values never replaced: constants of the agent's own code (a team mailbox it always
+    #: writes to), which the replayed code asks with again and which must match.
+    keep: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in self.detectors:
@@ -246,7 +251,7 @@ class SanitizeRules:
     def from_mapping(
         cls, data: Mapping[str, Any], *, base: Path | None = None, where: str = "rules"
     ) -> SanitizeRules:
-        known = {"detectors", "names", "names_files", "regexes", "paths", "salt"}
+        known = {"detectors", "names", "names_files", "regexes", "paths", "salt", "keep"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigurationError(
@@ -276,6 +281,7 @@ class SanitizeRules:
             regexes=regexes,
             paths=paths,
             salt=None if salt is None else str(salt).encode(),
+            keep=tuple(str(k) for k in data.get("keep", [])),
         )
 
 
@@ -337,6 +343,7 @@ class Sanitizer:
         self._regexes = [(n, re.compile(p)) for n, p in rules.regexes]
         self._pattern: re.Pattern[str] | None = None
         self._tokens: dict[str, tuple[str, str]] = {}  # variant -> (rule, token)
+        self._kept = frozenset(k.casefold() for k in rules.keep)
 
     # -- pass 1 ------------------------------------------------------------------
 
@@ -364,7 +371,7 @@ class Sanitizer:
                 self._keep(m.group(), name)
 
     def _keep(self, value: str, rule: str) -> None:
-        if value and value not in self.found:
+        if value and value not in self.found and value.casefold() not in self._kept:
             self.found[value] = rule
             self._pattern = None
 
