@@ -1,0 +1,71 @@
+"""Golden runs: every record schema and chain format this project has written, replayed.
+
+The files in ``tests/golden/`` were recorded once (``python -m tests.golden.record``)
+and are never rewritten: the suite replays them against today's code, so a change that
+would stop old recordings from replaying, decoding or verifying fails here first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import decimal
+from pathlib import Path
+
+import orjson
+import pytest
+
+import replayable
+from replayable.events.chain import CHAIN_V1, CHAIN_V2, parse_chain
+from replayable.events.model import SCHEMA_VERSION
+from replayable.store.integrity import Integrity
+from replayable.testing import FIXTURE_VERSION, load_fixture
+from tests.golden.record import GOLDEN_KEY
+
+GOLDEN = Path(__file__).parent / "golden"
+FILES = sorted(GOLDEN.glob("*.replay"))
+
+
+def _header(path: Path) -> dict:
+    return orjson.loads(path.read_bytes().split(b"\n", 1)[0])
+
+
+def _formats(path: Path) -> set[int]:
+    fx_lines = path.read_bytes().splitlines()[1:]
+    starts = [orjson.loads(ln)["start"] for ln in fx_lines if b'"record":"run"' in ln[:20]]
+    return {parse_chain(s["chain"]).version for s in starts}
+
+
+def test_every_schema_and_chain_format_has_a_golden_run():
+    """Bumping the record schema, the chain format or the fixture layout without
+    checking in a golden run of the new one fails here."""
+    schemas = {_header(p)["event_schema"] for p in FILES}
+    layouts = {_header(p)["version"] for p in FILES}
+    chains = set().union(*(_formats(p) for p in FILES))
+    assert schemas >= set(range(1, SCHEMA_VERSION + 1))
+    assert layouts >= set(range(1, FIXTURE_VERSION + 1))
+    assert chains >= {CHAIN_V1, CHAIN_V2}
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_golden_run_verifies_and_replays_identically(path, monkeypatch):
+    """Each golden run's chain verifies (the keyed one under its test key) and the run,
+    with its two child runs, replays identically with every value's type intact."""
+    monkeypatch.setenv("REPLAYABLE_CHAIN_KEY", GOLDEN_KEY)
+    fx, store = load_fixture(path)
+    assert len(fx.starts) == 3
+    for run_id in fx.run_ids:
+        report = replayable.verify_run(
+            store, run_id, integrity=Integrity.from_env(), anchor=None, allow_unkeyed=True
+        )
+        assert report.ok, report.message
+    result = replayable.replay(fx.root, store=store)
+    assert result.status == "identical", result.divergence and result.divergence.message
+    first = result.output[0]
+    assert dataclasses.is_dataclass(first["quote"])
+    assert first["quote"].price == decimal.Decimal("19.99")
+    assert first["stock"]["alpha"]["skus"] == ("SKU-1", "extra")
+    assert first["stock"]["alpha"]["tags"] == frozenset({"a", "b"})
+    assert list(first["stock"]) == ["zeta", "alpha", "tier", "id", "when", "ratio", "big", "text"]
+    assert first["note"] == "no supplier for SKU-1"
+    for child in fx.run_ids[1:]:
+        assert replayable.replay(child, store=store).status == "identical"
