@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Arize Phoenix, the OpenTelemetry receiver the export test sends to, lives in a venv of
+# its own: its packages (a pytest plugin among them) must not load in the project's tests.
+PHOENIX := .venv-phoenix/.installed
 
 .PHONY: demo test bench lint format clean
 
@@ -12,10 +15,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(PHOENIX):
+	$(PYTHON) -m venv .venv-phoenix
+	.venv-phoenix/bin/python -m pip install --quiet --upgrade pip
+	.venv-phoenix/bin/python -m pip install --quiet 'arize-phoenix>=20,<21'
+	touch $(PHOENIX)
+
 demo: $(STAMP)
 	$(VENV)/bin/replayable demo
 
-test: $(STAMP)
+test: $(STAMP) $(PHOENIX)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -32,4 +41,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests bench examples
 
 clean:
-	rm -rf $(VENV) .replayable .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-phoenix .replayable .pytest_cache .mypy_cache .ruff_cache
