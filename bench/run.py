@@ -31,6 +31,7 @@ import bench_ingest
 import bench_modes
 import bench_postgres
 import bench_replay
+import bench_web
 from harness import Config, Section, format_section, payload_1kb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +47,7 @@ BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "modes": bench_modes.run,
     "replay": bench_replay.run,
     "audit": bench_audit.run,
+    "web": bench_web.run,
     # Last: it drives a server process whose background work would otherwise
     # land on the benchmarks that follow it.
     "postgres": bench_postgres.run,
