@@ -25,7 +25,7 @@ from replayable.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["Batch", "Committer", "Flag", "Outcome", "Stalled", "Waiter", "is_permanent"]
+__all__ = ["Batch", "Committer", "Flag", "Job", "Outcome", "Stalled", "Waiter", "is_permanent"]
 
 T = TypeVar("T")
 
@@ -167,14 +167,34 @@ class Stalled(StoreUnavailableError):
     """A store call did not return within the writer's bound."""
 
 
+class Job:
+    """A store call handed to the :class:`Committer`; :meth:`result` waits for it."""
+
+    __slots__ = ("box", "done", "started", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.done = Flag()
+        self.box: list[Any] = [None, None]
+        self.started = time.monotonic()
+
+    def result(self, timeout: float) -> tuple[Any, Exception | None]:
+        """``(result, None)``, ``(None, error)``, or ``(None, Stalled)`` once ``timeout``
+        seconds have passed since the call was handed over."""
+        left = self.started + timeout - time.monotonic()
+        if not self.done.wait(max(left, 0.0)):
+            return None, Stalled(f"{self.what}: no answer within {timeout:.1f}s")
+        return self.box[0], self.box[1]
+
+
 class Committer:
     """Runs store calls one at a time on its own thread, so a hung call never holds
     the writer: the writer stops waiting after a bound and the call finishes (or
-    fails) on its own."""
+    fails) on its own. The writer may build its next batch meanwhile (``submit``)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._job: tuple[Callable[[], Any], threading.Event, list[Any]] | None = None
+        self._job: tuple[Callable[[], Any], Job] | None = None
         self._stop = False
         self.busy = False
         self.started = 0.0
@@ -182,22 +202,27 @@ class Committer:
         self._thread = threading.Thread(target=self._run, name="replayable-committer", daemon=True)
         self._thread.start()
 
+    def submit(self, fn: Callable[[], Any], what: str) -> tuple[Job | None, Exception | None]:
+        """Hand ``fn`` over: ``(job, None)``, or ``(None, Stalled)`` while a call that
+        stalled still runs."""
+        if self.busy:
+            return None, Stalled(f"{what}: the store is still busy with a call that stalled")
+        job = Job(what)
+        self.started = job.started
+        with self._cond:
+            self.busy = True
+            self._job = (fn, job)
+            self._cond.notify()
+        return job, None
+
     def call(
         self, fn: Callable[[], Any], timeout: float, what: str
     ) -> tuple[Any, Exception | None]:
         """``(result, None)``, ``(None, error)``, or ``(None, Stalled)`` after ``timeout``."""
-        if self.busy:
-            return None, Stalled(f"{what}: the store is still busy with a call that stalled")
-        self.started = time.monotonic()
-        done = threading.Event()
-        box: list[Any] = [None, None]
-        with self._cond:
-            self.busy = True
-            self._job = (fn, done, box)
-            self._cond.notify()
-        if not done.wait(timeout):
-            return None, Stalled(f"{what}: no answer within {timeout:.1f}s")
-        return box[0], box[1]
+        job, error = self.submit(fn, what)
+        if job is None:
+            return None, error
+        return job.result(timeout)
 
     def _run(self) -> None:
         while True:
@@ -206,14 +231,15 @@ class Committer:
                     self._cond.wait()
                 if self._job is None:
                     return
-                fn, done, box = self._job
+                fn, job = self._job
                 self._job = None
+            box = job.box
             try:
                 box[0] = fn()
             except Exception as exc:
                 box[1] = exc
             self.busy = False
-            done.set()
+            job.done.set()
 
     def stop(self) -> None:
         with self._cond:

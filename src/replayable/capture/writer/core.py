@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replayable.capture.writer.backoff import Backoff
-from replayable.capture.writer.batches import Batch, Committer, Waiter, is_permanent
+from replayable.capture.writer.batches import Batch, Committer, Job, Waiter, is_permanent
 from replayable.capture.writer.linker import Chain, Linker, PendingEvent
 from replayable.capture.writer.outage import Outage
 from replayable.capture.writer.refusals import Refusals, warn
@@ -67,6 +67,9 @@ __all__ = ["PendingEvent", "Writer", "default_spool_dir"]
 log = logging.getLogger("replayable.writer")
 
 _EVENT, _START, _END, _BLOB, _MARK, _KNOWN = range(6)
+#: A batch whose persisting has begun: (batch, its raw records, the committer's job
+#: or ``None``, the outcome so far).
+_Started = tuple[Batch, list[tuple[int, Any, Waiter | None]], Job | None, Exception | None]
 _LETTER = {_EVENT: "e", _START: "s", _END: "x", _BLOB: "b"}
 
 
@@ -380,27 +383,50 @@ class Writer:
 
     def _batches(self, inline: bool = False) -> None:
         """Build and persist what is queued, then drain the spool if it is time
-        (``inline``: on a durable caller's thread, see ``_persist``)."""
+        (``inline``: on a durable caller's thread, see ``_persist``).
+
+        While the committer writes one batch, the next is built (the store's driver
+        leaves the interpreter lock while the database works): a writer behind by
+        many batches takes about as long as the slower of the two, not their sum.
+        Batches are still persisted one at a time and in order.
+        """
         queue = self._queue
         outage = self._outage
-        while queue:
-            # Only the holder of ``_work`` takes from the queue: what it counts is there.
-            pop = queue.popleft
-            raw: list[tuple[int, Any, Waiter | None]] = [
-                pop() for _ in range(min(len(queue), self.batch_size))
-            ]
-            try:
-                batch = self._build(raw)
-            except StoreError as exc:
-                # Building an end record may need the run's start from the store;
-                # nothing has advanced, so put the batch back and retry later.
-                self.last_error = exc
-                self._queue.extendleft(reversed(raw))
-                self._backoff.pause()
-                break
-            self._persist(batch, raw, inline)
-            if outage.due():
-                outage.drain_some()
+        # A batch handed to the committer whose outcome is not settled yet.
+        pending: _Started | None = None
+        try:
+            while queue:
+                # Only the holder of ``_work`` takes from the queue: what it counts is there.
+                pop = queue.popleft
+                raw: list[tuple[int, Any, Waiter | None]] = [
+                    pop() for _ in range(min(len(queue), self.batch_size))
+                ]
+                try:
+                    batch = self._build(raw)
+                except StoreError as exc:
+                    # Building an end record may need the run's start from the store;
+                    # nothing has advanced, so put the batch back and retry later.
+                    self.last_error = exc
+                    self._queue.extendleft(reversed(raw))
+                    self._backoff.pause()
+                    break
+                if pending is not None:
+                    started, pending = pending, None
+                    self._finish(*started)
+                begun = self._begin(batch, raw, inline)
+                if begun is None:
+                    continue
+                # Overlap only what a failure cannot make rebuild (fail-closed batches
+                # are linked again with the refusal; see ``_as_refused``).
+                if queue and begun[2] is not None and batch.prior is None:
+                    pending = begun
+                    continue
+                self._finish(*begun)
+                if outage.due():
+                    outage.drain_some()
+        finally:
+            if pending is not None:
+                self._finish(*pending)
         if outage.due():
             outage.drain_some()
         if not queue:
@@ -438,10 +464,20 @@ class Writer:
     def _persist(
         self, batch: Batch, raw: list[tuple[int, Any, Waiter | None]], inline: bool = False
     ) -> None:
+        begun = self._begin(batch, raw, inline)
+        if begun is not None:
+            self._finish(*begun)
+
+    def _begin(
+        self, batch: Batch, raw: list[tuple[int, Any, Waiter | None]], inline: bool
+    ) -> _Started | None:
+        """Start persisting ``batch``: ``None`` if it is held behind a backlog already,
+        else what ``_finish`` settles (a committer's job, or the outcome of a commit
+        made on this thread)."""
         outage = self._outage
         if outage.backlogged():
             outage.hold(batch, outage.down or StoreError(f"{self.store.url} is unavailable"))
-            return
+            return None
         # A durable caller writing its own batch commits it itself where the store
         # bounds its waits (no blobs: those go one call each, on the committer), unless
         # a call that stalled still holds the store.
@@ -452,9 +488,24 @@ class Writer:
             and not batch.data.blobs
             and not self._committer.busy
         ):
-            error = self._commit_here(batch)
-        else:
-            error = self._commit(batch)
+            return batch, raw, None, self._commit_here(batch)
+        data = batch.data
+        job, error = self._committer.submit(
+            lambda: self._store_write(data, batch.durable), f"writing to {self.store.url}"
+        )
+        return batch, raw, job, error
+
+    def _finish(
+        self,
+        batch: Batch,
+        raw: list[tuple[int, Any, Waiter | None]],
+        job: Job | None,
+        error: Exception | None,
+    ) -> None:
+        """Settle a batch ``_begin`` started: its waiters, or the outage path."""
+        outage = self._outage
+        if job is not None:
+            _, error = job.result(self.stall_s)
         if error is None:
             outage.succeeded()
             batch.resolve(None)
