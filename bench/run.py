@@ -26,6 +26,7 @@ import orjson
 import bench_audit
 import bench_capture
 import bench_durable
+import bench_fixtures
 import bench_http
 import bench_ingest
 import bench_modes
@@ -48,6 +49,7 @@ BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "replay": bench_replay.run,
     "audit": bench_audit.run,
     "web": bench_web.run,
+    "fixtures": bench_fixtures.run,
     # Last: it drives a server process whose background work would otherwise
     # land on the benchmarks that follow it.
     "postgres": bench_postgres.run,

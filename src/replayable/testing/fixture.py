@@ -291,7 +291,7 @@ def _blob_tree(data: bytes) -> Any:
 
 def _text(san: Sanitizer, where: str, text: str, *, sort: bool = False) -> str:
     """A stored JSON text with personal values replaced; the very text when none were."""
-    tree, changed = san.rewrite(where, orjson.loads(text))
+    tree, changed = san.rewrite(where, orjson.loads(text), text)
     if not changed:
         return text
     option = orjson.OPT_SORT_KEYS if sort else 0

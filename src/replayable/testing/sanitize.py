@@ -142,13 +142,16 @@ DETECTORS: Final[dict[str, Callable[[str], Iterator[str]]]] = {
     "card": _cards,
     "national_id": _national_ids,
 }
+_HAS_DIGIT: Final = re.compile(r"\d").search
+#: A JSON number long enough to be a card number (13 digits or more).
+_LONG_NUMBER: Final = re.compile(r"(?<![\d.\"])\d{13,19}(?![\d.\"])")
 #: A cheap test per detector: a text without it holds nothing that detector finds.
-_NEEDS: Final[dict[str, Callable[[str], bool]]] = {
+_NEEDS: Final[dict[str, Callable[[str], object]]] = {
     "email": lambda t: "@" in t,
-    "phone": lambda t: any(c.isdigit() for c in t),
-    "iban": lambda t: any(c.isdigit() for c in t),
-    "card": lambda t: any(c.isdigit() for c in t),
-    "national_id": lambda t: any(c.isdigit() for c in t),
+    "phone": _HAS_DIGIT,
+    "iban": _HAS_DIGIT,
+    "card": _HAS_DIGIT,
+    "national_id": _HAS_DIGIT,
 }
 _RULE_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,39}")
 
@@ -344,6 +347,7 @@ class Sanitizer:
         self._pattern: re.Pattern[str] | None = None
         self._tokens: dict[str, tuple[str, str]] = {}  # variant -> (rule, token)
         self._kept = frozenset(k.casefold() for k in rules.keep)
+        self._seen: set[str] = set()
 
     # -- pass 1 ------------------------------------------------------------------
 
@@ -353,7 +357,11 @@ class Sanitizer:
             if rule.parts[0] == part and (rule.tool is None or rule.tool == tool):
                 for value in _at_path(tree, rule.parts[1:]):
                     self._keep(value, rule.name)
+        seen = self._seen
         for text in _strings(tree):
+            if text in seen:
+                continue  # keys and values repeat across events: each text is read once
+            seen.add(text)
             self._scan_text(text)
             if "\\" in text:
                 self._scan_text(_ESCAPE.sub(" ", text))
@@ -407,9 +415,19 @@ class Sanitizer:
             self._pattern = re.compile("|".join(_bounded(v) for v in alts))
         return self._pattern
 
-    def rewrite(self, label: str, tree: Any) -> tuple[Any, bool]:
-        """``tree`` with every found value replaced, and whether anything changed."""
+    def rewrite(self, label: str, tree: Any, text: str | None = None) -> tuple[Any, bool]:
+        """``tree`` with every found value replaced, and whether anything changed.
+
+        ``text``, the JSON the tree was read from, lets a document holding no found
+        value (in any of its written forms) and no long number skip the walk.
+        """
         pattern = self._compile()
+        if (
+            text is not None
+            and (pattern is None or not pattern.search(text))
+            and ("card" not in self.rules.detectors or not _LONG_NUMBER.search(text))
+        ):
+            return tree, False
         changed = False
 
         def sub(text: str, where: str) -> str:

@@ -39,8 +39,24 @@ def _endpoint(url: str) -> str:
     return url if url.endswith("/v1/traces") else f"{url}/v1/traces"
 
 
+class _Resource(Resource):
+    """A resource whose hash is computed once: the OTLP encoder groups spans by resource
+    and hashes it per span (a JSON dump of its attributes each time)."""
+
+    _hash: int | None = None
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = super().__hash__()
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or super().__eq__(other)
+
+
 def _resource(service: str, attributes: Mapping[str, Any] | None) -> Resource:
-    return Resource.create({"service.name": service, **(attributes or {})})
+    made = Resource.create({"service.name": service, **(attributes or {})})
+    return _Resource(made.attributes, made.schema_url)
 
 
 def run_tree(store: EventStore, run: Run) -> tuple[list[Run], dict[str, list[Event]]]:
