@@ -17,7 +17,7 @@ from replayable.errors import ConfigurationError
 from replayable.events.audit import AnomalyFlag
 from replayable.store.sqlite import SQLiteStore
 from replayable.web import UserDB, WebConfig, create_app
-from tests.web_runs import make_run, review_calls, tool
+from tests.web_runs import Call, make_run, review_calls, tool
 
 pytestmark = pytest.mark.anyio
 
@@ -658,3 +658,67 @@ def test_accounts_keep_only_hashes(world: World) -> None:
     assert world.users.check_password("ana", "analyst-password") is not None
     assert world.users.check_password("ana", "analyst-passwordx") is None
     assert world.users.check_password("nobody", "analyst-password") is None
+
+
+async def test_an_llm_card_reads_as_a_conversation(client: httpx.AsyncClient, world: World) -> None:
+    """The HTTP seam's description of a streamed call (model, parameters, messages, the
+    assembled answer) is shown as turns, escaped, with the raw JSON beside it."""
+    meta = {
+        "provider": "openai",
+        "model": "gpt-4o",
+        "temperature": 0.2,
+        "messages": [{"role": "user", "content": "rate <b>this</b>"}],
+        "output": {"role": "assistant", "content": "risk: high", "finish_reason": "stop"},
+        "stream": True,
+    }
+    rid = make_run(
+        world.store,
+        [
+            Call(
+                "llm",
+                "openai.chat.completions",
+                {"model": "gpt-4o"},
+                {"status": 200},
+                metadata=meta,
+            )
+        ],
+    )
+    r = await client.get(f"/runs/{rid}/events/1", headers=bearer(world, "analyst"))
+    html = r.text
+    assert 'class="conversation"' in html
+    assert "gpt-4o" in html
+    assert "temperature 0.2" in html
+    assert "rate &lt;b&gt;this&lt;/b&gt;" in html
+    assert "assistant (streamed)" in html
+    assert "risk: high" in html
+    assert "raw request and response" in html
+
+
+async def test_a_partial_replay_job_shows_the_paused_step(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    """An engineer's partial replay runs in the background; its JSON reports the pause
+    before step 2 with the agent's stack."""
+    import asyncio
+
+    import replayable
+    from tests import agents_for_cli
+
+    with replayable.recording(world.store) as rec:
+        agents_for_cli.research("audit")
+    h = bearer(world, "engineer")
+    r = await client.post(
+        f"/api/runs/{rec.run_ids[0]}/replay", headers=h, json={"mode": "partial", "step": 2}
+    )
+    assert r.status_code == 202, r.text
+    job = r.json()["job_id"]
+    for _ in range(200):
+        state = (await client.get(f"/api/jobs/{job}", headers=h)).json()
+        if state["state"] in ("done", "failed"):
+            break
+        await asyncio.sleep(0.05)
+    assert state["state"] == "done", state
+    assert state["result"]["status"] == "paused"
+    assert "research" in state["result"]["paused"]["text"]
+    page = await client.get(f"/jobs/{job}", headers=h)
+    assert "Paused" in page.text

@@ -126,6 +126,9 @@ def site(
     )
     assert result.ok
     store = open_store(url)
+    from replayable.audit import Scanner
+
+    Scanner(store).scan()  # flags the run's decision on the empty lookup (rule 5)
     hostile = make_run(
         store,
         [
@@ -174,6 +177,10 @@ def browser() -> Iterator[Any]:
 def _shot(page: Any, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    docs = os.environ.get("REPLAYABLE_WEB_DOCS")  # the README's pictures: one screenful each
+    if docs:
+        Path(docs).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(docs) / f"{name}.png"))
 
 
 def _sign_in(browser: Any, site: dict[str, Any], name: str) -> Any:
@@ -210,6 +217,7 @@ def test_the_incident_in_the_browser(browser: Any, site: dict[str, Any]) -> None
     assert response.inner_text().strip() == "[]"
     _shot(page, "run")
     card.locator("details.annotate > summary").click()
+    assert card.locator("input[name=closes]").input_value()  # the flag on this step
     card.locator("select[name=verdict]").select_option("violation")
     card.locator("input[name=policy]").fill("CR-7")
     card.locator("textarea[name=note]").fill("No rules for GB-SCT; rated low without them.")
@@ -244,8 +252,13 @@ def test_the_incident_in_the_browser(browser: Any, site: dict[str, Any]) -> None
     assert "dana" in log
     assert "olu" in log
     _shot(page, "access_log")
-    page.goto(site["url"] + "/anomalies")
+    page.goto(site["url"] + "/anomalies?all=true")
+    assert "empty_data_decision" in page.locator("main").inner_text()
+    assert "closed by" in page.locator("main").inner_text()  # the analyst's note closed it
     _shot(page, "anomalies")
+    page.goto(site["url"] + "/reports?name=query_compliance_rules&where=response+empty")
+    assert run[:13] in page.locator("main").inner_text()
+    _shot(page, "reports")
 
     # -- the engineer forks at step 3 with the fixed tool and opens the diff -----------
     page = _sign_in(browser, site, "eli")

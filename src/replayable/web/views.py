@@ -172,9 +172,15 @@ def _content_text(content: Any) -> str:
 def _answer(response: Any, metadata: Mapping[str, Any]) -> dict[str, Any] | None:
     """The model's answer: text and tool calls, from a chat completion, a streamed
     answer's assembled text, or an Anthropic message."""
-    assembled = metadata.get("assembled") or metadata.get("text")
-    if isinstance(assembled, str):
-        return {"role": "assistant", "content": assembled, "tool_calls": []}
+    # The HTTP seam describes every answer, a stream's assembled one included.
+    described = metadata.get("output")
+    if isinstance(described, dict):
+        role = str(described.get("role") or "assistant")
+        return {
+            "role": role + (" (streamed)" if metadata.get("stream") else ""),
+            "content": _content_text(described.get("content")),
+            "tool_calls": described.get("tool_calls") or [],
+        }
     if not isinstance(response, dict):
         return None
     choices = response.get("choices")
@@ -205,7 +211,8 @@ def _conversation(event: Event, request: Any, response: Any, limit: int) -> dict
             **(params_from if isinstance(params_from, dict) else {}),
             **event.metadata,
         }.items()
-        if k not in ("messages", "tools", "assembled", "text") and not isinstance(v, dict | list)
+        if k not in ("messages", "tools", "output", "status", "chunks", "complete")
+        and not isinstance(v, dict | list)
     }
     turns = [
         {
