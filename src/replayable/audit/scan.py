@@ -25,6 +25,9 @@ from replayable.store.base import EventStore
 
 __all__ = ["QueueItem", "ScanResult", "Scanner", "anomaly_queue"]
 
+#: Batches of runs listed per look-up of the unscanned runs.
+_PAGE = 10
+
 
 @dataclass
 class ScanResult:
@@ -79,24 +82,32 @@ class Scanner:
         self._stats = {}
         after: tuple[float, str] | None = None
         while limit is None or result.runs + result.skipped < limit:
-            size = self.batch if limit is None else min(self.batch, limit - result.runs)
-            runs = self.store.unscanned_runs(
+            # Runs come a page of several batches at a time (finding the unscanned runs
+            # costs a pass over the scan marks); events and flags go a batch at a time.
+            size = self.batch * _PAGE
+            if limit is not None:
+                size = min(size, limit - result.runs - result.skipped)
+            page = self.store.unscanned_runs(
                 since=since, workflow=workflow, limit=size, after=after
             )
-            if not runs:
+            if not page:
                 break
-            after = (runs[-1].started_at, runs[-1].run_id)
-            flags = self._check(runs, result)
-            try:
-                self.store.append_flags(flags, [r.run_id for r in runs])
-            except AppendOnlyError:
-                # Another scan marked some of these first; it owns their flags.
-                result.skipped += len(runs)
-                continue
-            result.runs += len(runs)
-            result.flags.extend(flags)
-            if on_batch is not None:
-                on_batch(result)
+            after = (page[-1].started_at, page[-1].run_id)
+            for lo in range(0, len(page), self.batch):
+                runs = page[lo : lo + self.batch]
+                flags = self._check(runs, result)
+                try:
+                    self.store.append_flags(flags, [r.run_id for r in runs])
+                except AppendOnlyError:
+                    # Another scan marked some of these first; it owns their flags.
+                    result.skipped += len(runs)
+                    continue
+                result.runs += len(runs)
+                result.flags.extend(flags)
+                if on_batch is not None:
+                    on_batch(result)
+            if len(page) < size:
+                break
         result.seconds = time.perf_counter() - began
         return result
 
