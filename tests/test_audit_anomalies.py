@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,8 +16,9 @@ from replayable.audit.rules import find_rule, registry
 from replayable.cli import app
 from replayable.errors import ConfigurationError
 from replayable.events.canonical import run_seal
-from replayable.events.model import RunEnd
+from replayable.events.model import Event, RunEnd
 from replayable.store import EventStore, MemoryStore
+from replayable.store.audit_base import RunSummary, summarize
 from replayable.store.postgres import PostgresStore
 from replayable.store.sqlite import SQLiteStore
 from tests.audit_runs import Call, llm, record, tool
@@ -332,3 +333,120 @@ def test_follow_keeps_scanning_new_runs() -> None:
     Scanner(store).follow(interval=0.05, on_result=on_result, stop=lambda: len(seen) >= 3)
     assert seen == [1, 1, 0]
     assert len(store.flags(rule="empty_data_decision")) == 2
+
+
+# -- run summaries: what the scan reads before a run's events ---------------------------
+
+
+def _mixed_corpus(store: EventStore) -> list[str]:
+    """Runs touching every summary count, and payloads the SQL must quote right."""
+    odd = {"text": 'it\'s 100% "quoted" $t and {braces}', "status": "ok"}
+    return [
+        record(store, [tool("rules", {"j": "GB"}, []), llm(), llm("I'm SORRY, but I can't")]),
+        record(store, [tool("rules", {"j": "X"}, {"rows": [], "count": 0}), llm()]),
+        record(store, [tool("rules", {"j": "Y"}, None), tool("file", {}, [], side_effect=True)]),
+        record(store, [tool("fetch", {"u": 1}, error="registry down"), llm()]),
+        record(store, [Call("http", "GET /x", {"u": "x"}, {"status": 503, "body": "busy"})]),
+        record(store, [tool("poll", {"n": 1}, [1])] * 3 + [tool("poll", {"n": 2}, [1])]),
+        record(store, [tool("a", {}, [1]), tool("b", {}, [1]), tool("a", {}, [1])]),
+        record(
+            store,
+            [tool("send", {}, "ok", side_effect=True, metadata={"side_effect_blocked": True})],
+        ),
+        record(store, [tool("read", {"id": 1}, odd), llm("fine"), llm("no refusal here")]),
+        record(store, [Call("retrieval", "search", {"q": "x"}, {"hits": []})], status="failed"),
+        record(store, []),
+    ]
+
+
+def test_run_summaries_in_the_database_match_the_python_reference(store: EventStore) -> None:
+    """Every backend counts what the rules could find exactly as ``summarize`` does over
+    the run's events (the SQL stores count in the database)."""
+    ids = _mixed_corpus(store)
+    got = store.run_summaries([*ids, "00000000-0000-7000-8000-000000000000"])
+    for rid in ids:
+        assert got[rid] == summarize(rid, store.events(rid)), rid
+    assert got[ids[0]].refusals == 1
+    assert got[ids[0]].empty_results == 1
+    assert got[ids[2]].empty_results == 1  # the side-effect tool's [] is not data
+    assert got[ids[3]].tool_errors == 1
+    assert got[ids[4]].tool_errors == 1
+    assert got[ids[5]].longest_repeat == 3
+    assert got[ids[6]].longest_repeat == 1
+    assert got[ids[7]].blocked == 1
+    assert (got[ids[8]].refusals, got[ids[8]].empty_results, got[ids[8]].llm_calls) == (0, 0, 2)
+    assert got["00000000-0000-7000-8000-000000000000"].llm_calls == 0
+
+
+def _unscreened(scanner: Scanner) -> Scanner:
+    import dataclasses
+
+    scanner.rules = [dataclasses.replace(r, screen=None) for r in scanner.rules]
+    return scanner
+
+
+def _found(store: EventStore) -> list[tuple[str, str, tuple[int, ...], str]]:
+    return sorted(
+        (f.run_id, f.rule, f.steps, json.dumps(f.evidence, sort_keys=True)) for f in store.flags()
+    )
+
+
+def test_screens_never_hide_a_finding() -> None:
+    """Scanning with the rules' screens finds exactly what reading every run's events
+    finds, rule by rule (including rules 1 and 3 against workflow statistics)."""
+    flagged: list[list[tuple[str, str, tuple[int, ...], str]]] = []
+    for screened in (True, False):
+        s = MemoryStore()
+        ids = _mixed_corpus(s)
+        for n in range(12):  # a workflow with statistics: one loop, one quick exit
+            calls = [llm()] * (12 if n == 0 else 2)
+            took = 0.01 if n == 1 else 10.0
+            ids.append(record(s, calls, workflow="stats", started_at=1e9 + n, duration=took))
+        scanner = Scanner(s) if screened else _unscreened(Scanner(s))
+        scanner.scan()
+        found = _found(s)
+        rules = {f[1] for f in found}
+        assert rules >= {"llm_loop", "premature_exit", "unrouted_refusal", "repeated_call"}
+        assert rules >= {"empty_data_decision", "unhandled_tool_error", "guard_blocked"}
+        # Run ids differ between the two stores; their places in the corpus do not.
+        flagged.append(sorted((str(ids.index(run)), *rest) for run, *rest in found))
+    assert flagged[0] == flagged[1]
+
+
+def test_runs_no_rule_can_flag_are_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan reads the events of the runs a rule may flag, not of the clean ones; a
+    rule without a screen (a user's rule) makes it read every run."""
+    s = MemoryStore()
+    clean = [record(s, [tool("read", {"id": n}, {"t": "x"}), llm()]) for n in range(5)]
+    suspect = record(s, [tool("rules", {"j": "GB"}, []), llm()])
+    read: list[str] = []
+    real = MemoryStore.events_of
+
+    def spy(self: MemoryStore, run_ids: Sequence[str]) -> dict[str, list[Event]]:
+        read.extend(run_ids)
+        return real(self, run_ids)
+
+    def summaries(self: MemoryStore, run_ids: Sequence[str]) -> dict[str, RunSummary]:
+        return {r: summarize(r, evs) for r, evs in real(self, run_ids).items()}
+
+    monkeypatch.setattr(MemoryStore, "events_of", spy)
+    monkeypatch.setattr(MemoryStore, "run_summaries", summaries)
+    Scanner(s).scan()
+    assert read == [suspect]
+    assert [f.run_id for f in s.flags()] == [suspect]
+    assert len(clean) == 5
+
+    seen: list[str] = []
+
+    @replayable.audit.rule("sees_all")
+    def sees_all(ctx: replayable.audit.RuleContext) -> None:
+        seen.append(ctx.run.run_id)
+        assert len(ctx.events) == 2
+
+    try:
+        t = MemoryStore()
+        ids = [record(t, [tool("read", {"id": n}, {"t": "x"}), llm()]) for n in range(3)]
+        Scanner(t).scan()
+        assert sorted(seen) == sorted(ids)
+    finally:
+        del registry["sees_all"]

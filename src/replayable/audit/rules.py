@@ -28,6 +28,17 @@ import orjson
 from replayable.errors import ConfigurationError
 from replayable.events.audit import WorkflowStats
 from replayable.events.model import Event, Run
+from replayable.store.audit_base import (
+    BLOCKED_KEY,
+    COUNT_KEYS,
+    DATA_KINDS,
+    REPEAT_KINDS,
+    ROW_KEYS,
+    RunSummary,
+    may_be_empty,
+    may_be_error,
+    may_refuse,
+)
 
 __all__ = [
     "AnomalyConfig",
@@ -52,15 +63,27 @@ class Finding:
 RuleResult = Iterable[Finding] | Finding | None
 
 
+#: ``screen(ctx, summary) -> bool``: whether a rule can find anything in a run, from the
+#: run's record, statistics, thresholds and :class:`RunSummary` (``ctx.events`` is empty).
+Screen = Callable[["RuleContext", RunSummary], bool]
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """A registered rule: its name, number (for the built-ins), description and defaults."""
+    """A registered rule: its name, number (for the built-ins), description and defaults.
+
+    ``screen``, where a rule has one, answers ``False`` only for runs in which the
+    rule cannot find anything; the scan reads the events of a run only when some
+    enabled rule without a screen, or whose screen says ``True``, is left to look.
+    A rule registered with :func:`rule` has none, so it sees every run's events.
+    """
 
     name: str
     check: Callable[[RuleContext], RuleResult]
     description: str
     defaults: Mapping[str, Any]
     number: int | None = None
+    screen: Screen | None = None
 
     def run(self, ctx: RuleContext) -> list[Finding]:
         """The rule's findings for one run, as a list."""
@@ -90,6 +113,17 @@ def rule(
         return fn
 
     return register
+
+
+def _screened_by(name: str) -> Callable[[Screen], Screen]:
+    """Attach ``screen`` to the registered rule ``name`` (the built-ins' screens)."""
+
+    def attach(screen: Screen) -> Screen:
+        r = registry[name]
+        registry[name] = Rule(r.name, r.check, r.description, r.defaults, r.number, screen)
+        return screen
+
+    return attach
 
 
 def find_rule(ref: str) -> Rule:
@@ -244,44 +278,19 @@ def texts(value: Any) -> Iterator[str]:
             yield from texts(v)
 
 
-# Tools are what the agent asked the world; side-effect tools are writes, not data.
-_DATA_KINDS: Final = ("tool", "retrieval", "state_read")
-_ROW_KEYS: Final = ("rows", "results", "items", "records", "data", "matches", "hits", "documents")
-_COUNT_KEYS: Final = ("count", "total", "row_count", "rowcount", "total_count", "num_results")
-
-
 def is_empty(value: Any) -> bool:
     """Empty data: ``null``, ``[]``, ``{}``, ``""``, or a result object whose rows are an
     empty list or whose count is zero (``{"rows": [], "count": 0}``)."""
     if value is None or value == [] or value == {} or value == "":
         return True
     if isinstance(value, dict):
-        rows = [value[k] for k in _ROW_KEYS if k in value]
-        counts = [value[k] for k in _COUNT_KEYS if k in value]
+        rows = [value[k] for k in ROW_KEYS if k in value]
+        counts = [value[k] for k in COUNT_KEYS if k in value]
         if rows and all(r in ([], None) for r in rows):
             return True
         if counts and all(c == 0 and not isinstance(c, bool) for c in counts) and not rows:
             return True
     return False
-
-
-_EMPTY_TEXTS: Final = frozenset(("[]", "null", "{}", '""'))
-_EMPTY_HINTS: Final = (*(f'"{k}"' for k in (*_ROW_KEYS, *_COUNT_KEYS)), '"$t"')
-
-
-def may_be_empty(text: str | None) -> bool:
-    """Whether a stored response text can decode to empty data (see :func:`is_empty`);
-    ``False`` is certain, so the scan decodes only the responses that might be."""
-    if text is None or text in _EMPTY_TEXTS:
-        return True
-    if text[:1] != "{":
-        return False  # a non-empty list or string, a number, a boolean
-    return any(hint in text for hint in _EMPTY_HINTS)
-
-
-def may_be_error(text: str | None) -> bool:
-    """Whether a stored response text can be error-shaped (see :func:`error_shape`)."""
-    return text is not None and ('"error"' in text or '"status"' in text or '"$t"' in text)
 
 
 def error_shape(event: Event, value: Any) -> str | None:
@@ -305,11 +314,10 @@ def error_shape(event: Event, value: Any) -> str | None:
 @rule("llm_loop", number=1, sigmas=2.0, min_runs=10)
 def llm_loop(ctx: RuleContext) -> RuleResult:
     """More LLM calls than the workflow's mean plus ``sigmas`` standard deviations (a loop?)."""
-    stats = ctx.stats
-    if stats is None or stats.runs < ctx.params["min_runs"] or stats.llm_std <= 0:
+    stats, limit = ctx.stats, _llm_limit(ctx)
+    if stats is None or limit is None:
         return None
     calls = [e.seq for e in ctx.events if e.kind == "llm"]
-    limit = stats.llm_mean + float(ctx.params["sigmas"]) * stats.llm_std
     if len(calls) <= limit:
         return None
     return Finding(
@@ -323,6 +331,20 @@ def llm_loop(ctx: RuleContext) -> RuleResult:
         },
         score=round((len(calls) - stats.llm_mean) / stats.llm_std, 3),
     )
+
+
+def _llm_limit(ctx: RuleContext) -> float | None:
+    """Rule 1's threshold of LLM calls for this run's workflow (``None``: too few runs)."""
+    stats = ctx.stats
+    if stats is None or stats.runs < ctx.params["min_runs"] or stats.llm_std <= 0:
+        return None
+    return stats.llm_mean + float(ctx.params["sigmas"]) * stats.llm_std
+
+
+@_screened_by("llm_loop")
+def _llm_loop_screen(ctx: RuleContext, summary: RunSummary) -> bool:
+    limit = _llm_limit(ctx)
+    return limit is not None and summary.llm_calls > limit
 
 
 @rule("unhandled_tool_error", number=2, fallbacks=("fallback",))
@@ -382,19 +404,6 @@ _REFUSALS: Final = (
 )
 
 
-_REFUSAL_WORDS: Final = (
-    "sorry",
-    "unable",
-    "cannot",
-    "can't",
-    "can’t",
-    "won't",
-    "won’t",
-    "not able",
-    '"refusal":"',
-)
-
-
 @rule("unrouted_refusal", number=4, patterns=_REFUSALS, fallbacks=("fallback",))
 def unrouted_refusal(ctx: RuleContext) -> Iterator[Finding]:
     """An LLM answer refused ("I cannot help with that") and no fallback handled it."""
@@ -407,7 +416,7 @@ def unrouted_refusal(ctx: RuleContext) -> Iterator[Finding]:
     for i, e in enumerate(ctx.events):
         if e.kind != "llm" or e.response is None:
             continue
-        if quick and not any(w in e.response.lower() for w in _REFUSAL_WORDS):
+        if quick and not may_refuse(e.response):
             continue
         value = ctx.response(e)
         refusal = _refusal_field(value)
@@ -442,7 +451,7 @@ def empty_data_decision(ctx: RuleContext) -> Iterator[Finding]:
     if not ctx.completed:
         return
     for i, e in enumerate(ctx.events):
-        if e.kind not in _DATA_KINDS or e.side_effect or e.error is not None:
+        if e.kind not in DATA_KINDS or e.side_effect or e.error is not None:
             continue
         if not may_be_empty(e.response):
             continue
@@ -478,7 +487,7 @@ def empty_data_decision(ctx: RuleContext) -> Iterator[Finding]:
 def repeated_call(ctx: RuleContext) -> Iterator[Finding]:
     """The same tool called with the same arguments ``min_repeats`` or more times in a row."""
     least = int(ctx.params["min_repeats"])
-    calls = [e for e in ctx.events if e.kind in ("tool", "http", "retrieval")]
+    calls = [e for e in ctx.events if e.kind in REPEAT_KINDS]
     start = 0
     for i in range(1, len(calls) + 1):
         same = (
@@ -505,7 +514,7 @@ def repeated_call(ctx: RuleContext) -> Iterator[Finding]:
 @rule("guard_blocked", number=7)
 def guard_blocked(ctx: RuleContext) -> RuleResult:
     """A fork or counterfactual replay whose side-effect guard blocked a call."""
-    blocked = [e for e in ctx.events if e.metadata.get("side_effect_blocked")]
+    blocked = [e for e in ctx.events if e.metadata.get(BLOCKED_KEY)]
     if not blocked:
         return None
     lineage = ctx.run.start.lineage
@@ -516,3 +525,37 @@ def guard_blocked(ctx: RuleContext) -> RuleResult:
             "lineage": short({k: v for k, v in lineage.items() if v is not None}),
         },
     )
+
+
+# -- what each built-in rule needs to see a run's events for ------------------------------
+
+
+@_screened_by("unhandled_tool_error")
+def _tool_error_screen(ctx: RuleContext, summary: RunSummary) -> bool:
+    return ctx.completed and summary.tool_errors > 0
+
+
+@_screened_by("premature_exit")
+def _premature_exit_screen(ctx: RuleContext, summary: RunSummary) -> bool:
+    return premature_exit(ctx) is not None  # it reads no events: its own answer
+
+
+@_screened_by("unrouted_refusal")
+def _refusal_screen(ctx: RuleContext, summary: RunSummary) -> bool:
+    custom = tuple(ctx.params["patterns"]) != _REFUSALS  # other words: read every answer
+    return ctx.completed and (custom or summary.refusals > 0)
+
+
+@_screened_by("empty_data_decision")
+def _empty_data_screen(ctx: RuleContext, summary: RunSummary) -> bool:
+    return ctx.completed and summary.empty_results > 0
+
+
+@_screened_by("repeated_call")
+def _repeated_call_screen(ctx: RuleContext, summary: RunSummary) -> bool:
+    return summary.longest_repeat >= int(ctx.params["min_repeats"])
+
+
+@_screened_by("guard_blocked")
+def _guard_blocked_screen(ctx: RuleContext, summary: RunSummary) -> bool:
+    return summary.blocked > 0

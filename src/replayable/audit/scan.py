@@ -14,6 +14,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from replayable.audit import rules as _rules
 from replayable.audit.annotations import new_id
@@ -21,6 +22,7 @@ from replayable.audit.rules import AnomalyConfig, Rule, RuleContext, find_rule
 from replayable.errors import AppendOnlyError
 from replayable.events.audit import AnomalyFlag, WorkflowStats
 from replayable.events.model import Run
+from replayable.store.audit_base import RunSummary
 from replayable.store.base import EventStore
 
 __all__ = ["QueueItem", "ScanResult", "Scanner", "anomaly_queue"]
@@ -133,26 +135,34 @@ class Scanner:
         missing = {r.workflow for r in runs} - set(self._stats)
         if missing:
             self._stats.update(self.store.workflow_stats(missing))
-        events = self.store.events_of([r.run_id for r in runs])
-        now = time.time()
-        flags: list[AnomalyFlag] = []
+        # Which rules are left to look at each run: the rules' screens answer from the
+        # run summaries counted in the store, and only the runs some rule still looks
+        # at have their events read.
+        summaries = self.store.run_summaries([r.run_id for r in runs])
+        todo: dict[str, list[tuple[Rule, dict[str, Any]]]] = {}
         for run in runs:
-            ctx = RuleContext(run, events.get(run.run_id, []), self._stats.get(run.workflow))
+            ctx = RuleContext(run, [], self._stats.get(run.workflow))
+            left = todo[run.run_id] = []
             for r in self.rules:
                 params = self.config.params(r, run.workflow)
                 if not params.get("enabled", True):
                     continue
                 ctx.params = params
+                if r.screen is None or self._screen(r, ctx, summaries[run.run_id], result):
+                    left.append((r, params))
+        events = self.store.events_of([r.run_id for r in runs if todo[r.run_id]])
+        now = time.time()
+        flags: list[AnomalyFlag] = []
+        for run in runs:
+            if not todo[run.run_id]:
+                continue
+            ctx = RuleContext(run, events.get(run.run_id, []), self._stats.get(run.workflow))
+            for r, params in todo[run.run_id]:
+                ctx.params = params
                 try:
                     findings = r.run(ctx)
                 except Exception as exc:  # a rule must not stop the scan: report and go on
-                    message = f"{type(exc).__name__}: {exc}"
-                    result.errors.append((run.run_id, r.name, message))
-                    warnings.warn(
-                        f"anomaly rule {r.name} failed on run {run.run_id}: {message}",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+                    self._failed(result, run, r, exc)
                     continue
                 for f in findings:
                     flags.append(
@@ -169,6 +179,23 @@ class Scanner:
                         )
                     )
         return flags
+
+    def _screen(self, r: Rule, ctx: RuleContext, summary: RunSummary, result: ScanResult) -> bool:
+        assert r.screen is not None
+        try:
+            return bool(r.screen(ctx, summary))
+        except Exception as exc:  # let the rule itself look, and fail where it fails
+            self._failed(result, ctx.run, r, exc, "screen")
+            return True
+
+    @staticmethod
+    def _failed(result: ScanResult, run: Run, r: Rule, exc: Exception, part: str = "") -> None:
+        message = f"{type(exc).__name__}: {exc}"
+        result.errors.append((run.run_id, r.name, message))
+        where = f"anomaly rule {r.name}" + (f" ({part})" if part else "")
+        warnings.warn(
+            f"{where} failed on run {run.run_id}: {message}", RuntimeWarning, stacklevel=3
+        )
 
 
 @dataclass(frozen=True, slots=True)

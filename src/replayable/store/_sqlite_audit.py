@@ -17,7 +17,13 @@ import orjson
 from replayable.errors import AppendOnlyError, StoreError
 from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag, WorkflowStats
 from replayable.events.model import Event, Run
-from replayable.store.audit_base import STATS_WINDOW, scan_event_from_row
+from replayable.store.audit_base import (
+    STATS_WINDOW,
+    RunSummary,
+    scan_event_from_row,
+    summaries_from_rows,
+    summary_sql,
+)
 from replayable.store.rows import run_from_row
 
 __all__ = ["AUDIT_SCHEMA", "AUDIT_TABLES", "SQLiteAudit"]
@@ -349,6 +355,14 @@ class SQLiteAudit:
                 out[row[0]].append(scan_event_from_row(row))
         return out
 
+    def run_summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:
+        ids = list(dict.fromkeys(run_ids))
+        rows: list[Any] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            rows += self._query(_summary_sql(len(chunk)), chunk)
+        return summaries_from_rows(ids, rows)
+
     def workflow_stats(self, workflows: Iterable[str]) -> dict[str, WorkflowStats]:
         out: dict[str, WorkflowStats] = {}
         for workflow in dict.fromkeys(workflows):
@@ -378,6 +392,24 @@ class SQLiteAudit:
                 median_duration=None if low is None else (low + high) / 2,
             )
         return out
+
+
+def _summary_sql(n: int) -> str:
+    return summary_sql(
+        events=f"events AS v WHERE v.run_id IN ({','.join('?' * n)})",
+        seq="seq",
+        kind="kind",
+        response="response",
+        error="error",
+        metadata="metadata",
+        no_side_effect="v.side_effect = 0",
+        contains=lambda column, text: f"instr({column}, {_literal(text)}) > 0",
+        literal=_literal,
+    )
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _access_where(

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import statistics
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
 import orjson
 
 from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag, WorkflowStats
@@ -20,7 +21,18 @@ if TYPE_CHECKING:
     from replayable.events.model import Event, Run
 
 
-__all__ = ["STATS_WINDOW", "AuditStore", "scan_event_from_row", "stats_from"]
+__all__ = [
+    "STATS_WINDOW",
+    "AuditStore",
+    "RunSummary",
+    "may_be_empty",
+    "may_be_error",
+    "may_refuse",
+    "scan_event_from_row",
+    "stats_from",
+    "summarize",
+    "summary_sql",
+]
 
 #: Workflow statistics are taken over this many of its most recent finished runs:
 #: enough for a stable mean and median, and a cost that does not grow with the log.
@@ -97,6 +109,11 @@ class AuditStore(ABC):
     @abstractmethod
     def events_of(self, run_ids: Sequence[str]) -> dict[str, list[Event]]:
         """Several runs' events in one read, each list ordered by seq."""
+
+    def run_summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:
+        """What the built-in anomaly rules could find in each run, counted without
+        building its events (see :class:`RunSummary`); SQL stores count in the database."""
+        return {r: summarize(r, events) for r, events in self.events_of(run_ids).items()}
 
     @abstractmethod
     def workflow_stats(self, workflows: Iterable[str]) -> dict[str, WorkflowStats]:
@@ -190,3 +207,180 @@ def scan_event_from_row(r: Sequence[Any]) -> Event:
         prev_hash=r[17],
         hash=r[18],
     )
+
+
+# -- run summaries: what the anomaly scan reads before it reads a run's events ------------
+
+#: Kinds whose results are data a decision rests on (empty-data rule), and kinds whose
+#: repeated identical calls count as a loop (repeated-call rule).
+DATA_KINDS: Final = ("tool", "retrieval", "state_read")
+REPEAT_KINDS: Final = ("tool", "http", "retrieval")
+ROW_KEYS: Final = ("rows", "results", "items", "records", "data", "matches", "hits", "documents")
+COUNT_KEYS: Final = ("count", "total", "row_count", "rowcount", "total_count", "num_results")
+EMPTY_TEXTS: Final = ("[]", "null", "{}", '""')
+EMPTY_HINTS: Final = (*(f'"{k}"' for k in (*ROW_KEYS, *COUNT_KEYS)), '"$t"')
+ERROR_HINTS: Final = ('"error"', '"status"', '"$t"')
+#: Lower-case words every built-in refusal pattern contains one of. All ASCII (or
+#: uncased): a database's lower() and Python's agree on them.
+REFUSAL_WORDS: Final = (
+    "sorry",
+    "unable",
+    "cannot",
+    "can't",
+    "can’t",
+    "won't",
+    "won’t",
+    "not able",
+    '"refusal":"',
+)
+BLOCKED_KEY: Final = "side_effect_blocked"
+
+
+def may_be_empty(text: str | None) -> bool:
+    """Whether a stored response text can decode to empty data (``null``, ``[]``, a result
+    whose rows are empty or whose count is zero); ``False`` is certain."""
+    if text is None or text in EMPTY_TEXTS:
+        return True
+    if text[:1] != "{":
+        return False  # a non-empty list or string, a number, a boolean
+    return any(hint in text for hint in EMPTY_HINTS)
+
+
+def may_be_error(text: str | None) -> bool:
+    """Whether a stored response text can be error-shaped (``error``, ``status`` fields)."""
+    return text is not None and any(hint in text for hint in ERROR_HINTS)
+
+
+def may_refuse(text: str | None) -> bool:
+    """Whether a stored LLM response can hold a built-in refusal pattern."""
+    if text is None:
+        return False
+    lower = text.lower()
+    return any(word in lower for word in REFUSAL_WORDS)
+
+
+class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Counts over one run's events that bound what the built-in rules can find in it:
+    LLM calls; tool or HTTP calls that failed or may be error-shaped; data reads that
+    may be empty; LLM answers that may refuse; the longest streak of identical calls;
+    events whose metadata names a blocked side effect. A rule whose count is zero (or
+    below its threshold) cannot fire, so the scan reads only the other runs' events."""
+
+    run_id: str
+    llm_calls: int = 0
+    tool_errors: int = 0
+    empty_results: int = 0
+    refusals: int = 0
+    longest_repeat: int = 0
+    blocked: int = 0
+
+
+def summarize(run_id: str, events: Sequence[Event]) -> RunSummary:
+    """A run's :class:`RunSummary` from its events (the reference the SQL stores match)."""
+    llm = errors = empty = refusals = blocked = longest = streak = 0
+    last: tuple[str, str] | None = None
+    for e in events:
+        if e.kind == "llm":
+            llm += 1
+            refusals += e.response is not None and may_refuse(e.response)
+        elif e.kind in ("tool", "http"):
+            errors += e.error is not None or may_be_error(e.response)
+        if e.kind in DATA_KINDS and not e.side_effect and e.error is None:
+            empty += may_be_empty(e.response)
+        if e.kind in REPEAT_KINDS:
+            same = (e.name, e.fingerprint) == last
+            streak, last = (streak + 1 if same else 1), (e.name, e.fingerprint)
+            longest = max(longest, streak)
+        blocked += BLOCKED_KEY in e.metadata
+    return RunSummary(
+        run_id=run_id,
+        llm_calls=llm,
+        tool_errors=errors,
+        empty_results=empty,
+        refusals=refusals,
+        longest_repeat=longest,
+        blocked=blocked,
+    )
+
+
+def summary_sql(
+    *,
+    events: str,
+    seq: str,
+    kind: str,
+    response: str,
+    error: str,
+    metadata: str,
+    no_side_effect: str,
+    contains: Callable[[str, str], str],
+    literal: Callable[[str], str],
+) -> str:
+    """The statement counting :class:`RunSummary` fields per run, in one dialect:
+    ``events`` a FROM clause giving the chosen runs' events as ``v``, their columns by
+    name, ``contains(column, text)`` a substring test and ``literal`` a quoted string.
+    Rows: run id, then the counts in field order (runs without events are absent)."""
+
+    def any_of(column: str, needles: Iterable[str]) -> str:
+        return "(" + " OR ".join(contains(column, n) for n in needles) + ")"
+
+    def one_of(values: Iterable[str]) -> str:
+        return "(" + ", ".join(literal(v) for v in values) + ")"
+
+    # The conditions read the columns as the first step names them.
+    empty = (
+        f"(response IS NULL OR response IN {one_of(EMPTY_TEXTS)} OR "
+        f"(substr(response, 1, 1) = '{{' AND {any_of('response', EMPTY_HINTS)}))"
+    )
+    return f"""
+        WITH ev AS (
+            SELECT v.run_id, v.{seq} AS seq, v.{kind} AS kind, v.name, v.fingerprint,
+                   v.{response} AS response, v.{error} AS error, {no_side_effect} AS pure,
+                   v.{metadata} AS metadata
+              FROM {events}
+             ORDER BY v.run_id, v.{seq}
+        ), starts AS (
+            SELECT run_id, seq,
+                   CASE WHEN name = lag(name) OVER w AND fingerprint = lag(fingerprint) OVER w
+                        THEN 0 ELSE 1 END AS fresh
+              FROM ev WHERE kind IN {one_of(REPEAT_KINDS)}
+            WINDOW w AS (PARTITION BY run_id ORDER BY seq)
+        ), islands AS (
+            SELECT run_id, sum(fresh) OVER (PARTITION BY run_id ORDER BY seq) AS island
+              FROM starts
+        ), streaks AS (
+            SELECT run_id, max(n) AS longest
+              FROM (SELECT run_id, count(*) AS n FROM islands GROUP BY run_id, island) AS runs
+             GROUP BY run_id
+        )
+        SELECT ev.run_id,
+               count(CASE WHEN kind = 'llm' THEN 1 END),
+               count(CASE WHEN kind IN ('tool', 'http')
+                          AND (error IS NOT NULL OR {any_of("response", ERROR_HINTS)})
+                          THEN 1 END),
+               count(CASE WHEN kind IN {one_of(DATA_KINDS)} AND pure AND error IS NULL
+                          AND {empty} THEN 1 END),
+               count(CASE WHEN kind = 'llm' AND response IS NOT NULL
+                          AND {any_of("lower(response)", REFUSAL_WORDS)} THEN 1 END),
+               COALESCE(max(streaks.longest), 0),
+               count(CASE WHEN {contains("metadata", f'"{BLOCKED_KEY}"')} THEN 1 END)
+          FROM ev LEFT JOIN streaks ON streaks.run_id = ev.run_id
+         GROUP BY ev.run_id
+    """
+
+
+def summaries_from_rows(
+    run_ids: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> dict[str, RunSummary]:
+    """:class:`RunSummary` per run from :func:`summary_sql` rows (zeros for no events)."""
+    out = {r: RunSummary(run_id=r) for r in run_ids}
+    for run_id, llm, errors, empty, refusals, longest, blocked in rows:
+        out[str(run_id)] = RunSummary(
+            run_id=str(run_id),
+            llm_calls=int(llm),
+            tool_errors=int(errors),
+            empty_results=int(empty),
+            refusals=int(refusals),
+            longest_repeat=int(longest),
+            blocked=int(blocked),
+        )
+    return out
