@@ -371,8 +371,8 @@ def test_run_summaries_in_the_database_match_the_python_reference(store: EventSt
     assert got[ids[2]].empty_results == 1  # the side-effect tool's [] is not data
     assert got[ids[3]].tool_errors == 1
     assert got[ids[4]].tool_errors == 1
-    assert got[ids[5]].longest_repeat == 3
-    assert got[ids[6]].longest_repeat == 1
+    assert got[ids[5]].repeats == 2
+    assert got[ids[6]].repeats == 0
     assert got[ids[7]].blocked == 1
     assert (got[ids[8]].refusals, got[ids[8]].empty_results, got[ids[8]].llm_calls) == (0, 0, 2)
     assert got["00000000-0000-7000-8000-000000000000"].llm_calls == 0

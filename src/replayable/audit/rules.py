@@ -553,7 +553,8 @@ def _empty_data_screen(ctx: RuleContext, summary: RunSummary) -> bool:
 
 @_screened_by("repeated_call")
 def _repeated_call_screen(ctx: RuleContext, summary: RunSummary) -> bool:
-    return summary.longest_repeat >= int(ctx.params["min_repeats"])
+    # A streak of n identical calls holds n - 1 calls repeating the one before.
+    return summary.repeats >= int(ctx.params["min_repeats"]) - 1
 
 
 @_screened_by("guard_blocked")

@@ -28,7 +28,7 @@ from replayable.store.base import EventStore
 __all__ = ["QueueItem", "ScanResult", "Scanner", "anomaly_queue"]
 
 #: Batches of runs listed per look-up of the unscanned runs.
-_PAGE = 10
+_PAGE = 20
 
 
 @dataclass

@@ -262,8 +262,9 @@ def may_refuse(text: str | None) -> bool:
 class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Counts over one run's events that bound what the built-in rules can find in it:
     LLM calls; tool or HTTP calls that failed or may be error-shaped; data reads that
-    may be empty; LLM answers that may refuse; the longest streak of identical calls;
-    events whose metadata names a blocked side effect. A rule whose count is zero (or
+    may be empty; LLM answers that may refuse; calls (tool, HTTP, retrieval) identical
+    to the call of those kinds just before them; events whose metadata names a blocked
+    side effect. A rule whose count is zero (or
     below its threshold) cannot fire, so the scan reads only the other runs' events."""
 
     run_id: str
@@ -271,13 +272,13 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     tool_errors: int = 0
     empty_results: int = 0
     refusals: int = 0
-    longest_repeat: int = 0
+    repeats: int = 0
     blocked: int = 0
 
 
 def summarize(run_id: str, events: Sequence[Event]) -> RunSummary:
     """A run's :class:`RunSummary` from its events (the reference the SQL stores match)."""
-    llm = errors = empty = refusals = blocked = longest = streak = 0
+    llm = errors = empty = refusals = blocked = repeats = 0
     last: tuple[str, str] | None = None
     for e in events:
         if e.kind == "llm":
@@ -288,9 +289,8 @@ def summarize(run_id: str, events: Sequence[Event]) -> RunSummary:
         if e.kind in DATA_KINDS and not e.side_effect and e.error is None:
             empty += may_be_empty(e.response)
         if e.kind in REPEAT_KINDS:
-            same = (e.name, e.fingerprint) == last
-            streak, last = (streak + 1 if same else 1), (e.name, e.fingerprint)
-            longest = max(longest, streak)
+            repeats += (e.name, e.fingerprint) == last
+            last = (e.name, e.fingerprint)
         blocked += BLOCKED_KEY in e.metadata
     return RunSummary(
         run_id=run_id,
@@ -298,7 +298,7 @@ def summarize(run_id: str, events: Sequence[Event]) -> RunSummary:
         tool_errors=errors,
         empty_results=empty,
         refusals=refusals,
-        longest_repeat=longest,
+        repeats=repeats,
         blocked=blocked,
     )
 
@@ -331,28 +331,10 @@ def summary_sql(
         f"(response IS NULL OR response IN {one_of(EMPTY_TEXTS)} OR "
         f"(substr(response, 1, 1) = '{{' AND {any_of('response', EMPTY_HINTS)}))"
     )
+    # One pass: each call is compared with the previous call of the repeating kinds
+    # (the window is partitioned on being one), the rest is counted per run.
     return f"""
-        WITH ev AS (
-            SELECT v.run_id, v.{seq} AS seq, v.{kind} AS kind, v.name, v.fingerprint,
-                   v.{response} AS response, v.{error} AS error, {no_side_effect} AS pure,
-                   v.{metadata} AS metadata
-              FROM {events}
-             ORDER BY v.run_id, v.{seq}
-        ), starts AS (
-            SELECT run_id, seq,
-                   CASE WHEN name = lag(name) OVER w AND fingerprint = lag(fingerprint) OVER w
-                        THEN 0 ELSE 1 END AS fresh
-              FROM ev WHERE kind IN {one_of(REPEAT_KINDS)}
-            WINDOW w AS (PARTITION BY run_id ORDER BY seq)
-        ), islands AS (
-            SELECT run_id, sum(fresh) OVER (PARTITION BY run_id ORDER BY seq) AS island
-              FROM starts
-        ), streaks AS (
-            SELECT run_id, max(n) AS longest
-              FROM (SELECT run_id, count(*) AS n FROM islands GROUP BY run_id, island) AS runs
-             GROUP BY run_id
-        )
-        SELECT ev.run_id,
+        SELECT run_id,
                count(CASE WHEN kind = 'llm' THEN 1 END),
                count(CASE WHEN kind IN ('tool', 'http')
                           AND (error IS NOT NULL OR {any_of("response", ERROR_HINTS)})
@@ -361,10 +343,17 @@ def summary_sql(
                           AND {empty} THEN 1 END),
                count(CASE WHEN kind = 'llm' AND response IS NOT NULL
                           AND {any_of("lower(response)", REFUSAL_WORDS)} THEN 1 END),
-               COALESCE(max(streaks.longest), 0),
+               count(CASE WHEN again THEN 1 END),
                count(CASE WHEN {contains("metadata", f'"{BLOCKED_KEY}"')} THEN 1 END)
-          FROM ev LEFT JOIN streaks ON streaks.run_id = ev.run_id
-         GROUP BY ev.run_id
+          FROM (
+            SELECT v.run_id, v.{kind} AS kind, v.{response} AS response, v.{error} AS error,
+                   {no_side_effect} AS pure, v.{metadata} AS metadata,
+                   (v.{kind} IN {one_of(REPEAT_KINDS)} AND v.name = lag(v.name) OVER w
+                    AND v.fingerprint = lag(v.fingerprint) OVER w) AS again
+              FROM {events}
+            WINDOW w AS (PARTITION BY v.run_id, v.{kind} IN {one_of(REPEAT_KINDS)} ORDER BY v.{seq})
+          ) AS ev
+         GROUP BY run_id
     """
 
 
@@ -373,14 +362,14 @@ def summaries_from_rows(
 ) -> dict[str, RunSummary]:
     """:class:`RunSummary` per run from :func:`summary_sql` rows (zeros for no events)."""
     out = {r: RunSummary(run_id=r) for r in run_ids}
-    for run_id, llm, errors, empty, refusals, longest, blocked in rows:
+    for run_id, llm, errors, empty, refusals, repeats, blocked in rows:
         out[str(run_id)] = RunSummary(
             run_id=str(run_id),
             llm_calls=int(llm),
             tool_errors=int(errors),
             empty_results=int(empty),
             refusals=int(refusals),
-            longest_repeat=int(longest),
+            repeats=int(repeats),
             blocked=int(blocked),
         )
     return out
