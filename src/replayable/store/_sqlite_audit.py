@@ -12,11 +12,20 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import orjson
-
 from replayable.errors import AppendOnlyError, StoreError
 from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag, WorkflowStats
 from replayable.events.model import Event, Run
+from replayable.store._audit_sql import (
+    CLOSERS_SQL,
+    access_where,
+    closers,
+    columns,
+    flag_where,
+    from_row,
+    to_row,
+    unscanned_where,
+    where_sql,
+)
 from replayable.store.audit_base import (
     STATS_WINDOW,
     RunSummary,
@@ -58,134 +67,13 @@ CREATE TABLE IF NOT EXISTS anomaly_scanned (
 ) WITHOUT ROWID;
 """
 
-_ANN_COLS = (
-    "annotation_id, run_id, seq, author, role, login, created_at, verdict, policy, note, "
-    "amends, retract, closes, tenant, chain_index, prev_hash, hash, schema_version, key_id"
-)
-_ACCESS_COLS = (
-    "entry_id, at, login, app_user, role, channel, purpose, run_id, steps, what, tenant, "
-    "schema_version"
-)
-_FLAG_COLS = (
-    "flag_id, rule, run_id, workflow, steps, evidence, score, created_at, tenant, schema_version"
-)
+_ANN_COLS = columns(Annotation)
+_ACCESS_COLS = columns(AccessEntry)
+_FLAG_COLS = columns(AnomalyFlag)
 
 
-def _json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def annotation_row(a: Annotation) -> tuple[Any, ...]:
-    """An annotation's columns in :data:`_ANN_COLS` order (shared with PostgreSQL)."""
-    return (
-        a.annotation_id,
-        a.run_id,
-        a.seq,
-        a.author,
-        a.role,
-        a.login,
-        a.created_at,
-        a.verdict,
-        a.policy,
-        a.note,
-        a.amends,
-        int(a.retract),
-        _json(list(a.closes)),
-        a.tenant,
-        a.chain_index,
-        a.prev_hash,
-        a.hash,
-        a.schema_version,
-        a.key_id,
-    )
-
-
-def annotation_from_row(r: Sequence[Any]) -> Annotation:
-    return Annotation(
-        annotation_id=r[0],
-        run_id=r[1],
-        seq=r[2],
-        author=r[3],
-        role=r[4],
-        login=r[5],
-        created_at=r[6],
-        verdict=r[7],
-        policy=r[8],
-        note=r[9],
-        amends=r[10],
-        retract=bool(r[11]),
-        closes=tuple(orjson.loads(r[12])),
-        tenant=r[13],
-        chain_index=r[14],
-        prev_hash=r[15],
-        hash=r[16],
-        schema_version=r[17],
-        key_id=r[18],
-    )
-
-
-def access_row(e: AccessEntry) -> tuple[Any, ...]:
-    return (
-        e.entry_id,
-        e.at,
-        e.login,
-        e.user,
-        e.role,
-        e.channel,
-        e.purpose,
-        e.run_id,
-        _json(list(e.steps)),
-        _json(list(e.what)),
-        e.tenant,
-        e.schema_version,
-    )
-
-
-def access_from_row(r: Sequence[Any]) -> AccessEntry:
-    return AccessEntry(
-        entry_id=r[0],
-        at=r[1],
-        login=r[2],
-        user=r[3],
-        role=r[4],
-        channel=r[5],
-        purpose=r[6],
-        run_id=r[7],
-        steps=tuple(orjson.loads(r[8])),
-        what=tuple(orjson.loads(r[9])),
-        tenant=r[10],
-        schema_version=r[11],
-    )
-
-
-def flag_row(f: AnomalyFlag) -> tuple[Any, ...]:
-    return (
-        f.flag_id,
-        f.rule,
-        f.run_id,
-        f.workflow,
-        _json(list(f.steps)),
-        _json(f.evidence),
-        f.score,
-        f.created_at,
-        f.tenant,
-        f.schema_version,
-    )
-
-
-def flag_from_row(r: Sequence[Any]) -> AnomalyFlag:
-    return AnomalyFlag(
-        flag_id=r[0],
-        rule=r[1],
-        run_id=r[2],
-        workflow=r[3],
-        steps=tuple(orjson.loads(r[4])),
-        evidence=orjson.loads(r[5]),
-        score=r[6],
-        created_at=r[7],
-        tenant=r[8],
-        schema_version=r[9],
-    )
+def _insert(table: str, cols: str) -> str:
+    return f"INSERT INTO {table} ({cols}) VALUES ({','.join('?' * (cols.count(',') + 1))})"
 
 
 def upgrade_audit(c: sqlite3.Connection) -> None:
@@ -229,30 +117,21 @@ class SQLiteAudit:
                 raise StoreError(f"writing {what} to {self.url} failed: {exc}") from exc
 
     def append_annotations(self, annotations: Sequence[Annotation]) -> None:
-        rows = [annotation_row(a) for a in annotations]
-        sql = f"INSERT INTO annotations ({_ANN_COLS}) VALUES ({','.join('?' * 19)})"
-        self._write("annotations", [(sql, rows)])
+        rows = [to_row(a) for a in annotations]
+        self._write("annotations", [(_insert("annotations", _ANN_COLS), rows)])
 
     def annotations(self, run_id: str) -> list[Annotation]:
         rows = self._query(
             f"SELECT {_ANN_COLS} FROM annotations WHERE run_id = ? ORDER BY chain_index", (run_id,)
         )
-        return [annotation_from_row(r) for r in rows]
+        return [from_row(Annotation, r) for r in rows]
 
     def flag_closers(self) -> dict[str, str]:
-        rows = self._query(
-            "SELECT annotation_id, closes FROM annotations WHERE closes != '[]' "
-            "ORDER BY created_at, annotation_id"
-        )
-        out: dict[str, str] = {}
-        for annotation_id, text in rows:
-            for flag_id in orjson.loads(text):
-                out.setdefault(flag_id, annotation_id)
-        return out
+        return closers(self._query(CLOSERS_SQL.format(closes="closes")))
 
     def append_access(self, entries: Sequence[AccessEntry]) -> None:
-        sql = f"INSERT INTO access_log ({_ACCESS_COLS}) VALUES ({','.join('?' * 12)})"
-        self._write("access-log entries", [(sql, [access_row(e) for e in entries])])
+        rows = [to_row(e) for e in entries]
+        self._write("access-log entries", [(_insert("access_log", _ACCESS_COLS), rows)])
 
     def access_entries(
         self,
@@ -262,15 +141,13 @@ class SQLiteAudit:
         since: float | None = None,
         limit: int | None = None,
     ) -> list[AccessEntry]:
-        where, params = _access_where(run_id, who, since, "?")
-        sql = f"SELECT {_ACCESS_COLS} FROM access_log"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        where, params = access_where(run_id, who, since, "?")
+        sql = f"SELECT {_ACCESS_COLS} FROM access_log{where_sql(where)}"
         sql += " ORDER BY at DESC, entry_id DESC"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return [access_from_row(r) for r in reversed(self._query(sql, params))]
+        return [from_row(AccessEntry, r) for r in reversed(self._query(sql, params))]
 
     def append_flags(self, flags: Sequence[AnomalyFlag], scanned: Sequence[str]) -> None:
         import time
@@ -279,10 +156,7 @@ class SQLiteAudit:
         self._write(
             "anomaly flags",
             [
-                (
-                    f"INSERT INTO anomaly_flags ({_FLAG_COLS}) VALUES ({','.join('?' * 10)})",
-                    [flag_row(f) for f in flags],
-                ),
+                (_insert("anomaly_flags", _FLAG_COLS), [to_row(f) for f in flags]),
                 ("INSERT INTO anomaly_scanned VALUES (?, ?)", [(r, now) for r in scanned]),
             ],
         )
@@ -294,20 +168,9 @@ class SQLiteAudit:
         rule: str | None = None,
         since: float | None = None,
     ) -> list[AnomalyFlag]:
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in (("run_id", run_id), ("rule", rule)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        if since is not None:
-            where.append("created_at >= ?")
-            params.append(since)
-        sql = f"SELECT {_FLAG_COLS} FROM anomaly_flags"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY rowid"
-        return [flag_from_row(r) for r in self._query(sql, params)]
+        where, params = flag_where(run_id, rule, since, "?")
+        sql = f"SELECT {_FLAG_COLS} FROM anomaly_flags{where_sql(where)} ORDER BY rowid"
+        return [from_row(AnomalyFlag, r) for r in self._query(sql, params)]
 
     def unscanned_runs(
         self,
@@ -317,17 +180,8 @@ class SQLiteAudit:
         limit: int = 500,
         after: tuple[float, str] | None = None,
     ) -> list[Run]:
-        where = [
-            "e.run_id IS NOT NULL",
-            "NOT EXISTS (SELECT 1 FROM anomaly_scanned s WHERE s.run_id = r.run_id)",
-        ]
-        params: list[Any] = []
-        if since is not None:
-            where.append("r.started_at >= ?")
-            params.append(since)
-        if workflow is not None:
-            where.append("r.workflow = ?")
-            params.append(workflow)
+        where, params = unscanned_where(since, workflow, "?")
+        where.append("e.run_id IS NOT NULL")  # finished
         if after is not None:
             where.append("(r.started_at > ? OR (r.started_at = ? AND r.run_id > ?))")
             params.extend((after[0], after[0], after[1]))
@@ -410,20 +264,3 @@ def _summary_sql(n: int) -> str:
 
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
-
-
-def _access_where(
-    run_id: str | None, who: str | None, since: float | None, ph: str
-) -> tuple[list[str], list[Any]]:
-    where: list[str] = []
-    params: list[Any] = []
-    if run_id is not None:
-        where.append(f"run_id = {ph}")
-        params.append(run_id)
-    if who is not None:
-        where.append(f"(login = {ph} OR app_user = {ph})")
-        params.extend((who, who))
-    if since is not None:
-        where.append(f"at >= {ph}")
-        params.append(since)
-    return where, params

@@ -24,12 +24,23 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
 import psycopg
+from msgspec.structs import replace
 from psycopg import sql
 
 from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag, WorkflowStats
 from replayable.events.model import Event, Run
+from replayable.store._audit_sql import (
+    CLOSERS_SQL,
+    access_where,
+    closers,
+    columns,
+    flag_where,
+    from_row,
+    to_row,
+    unscanned_where,
+    where_sql,
+)
 from replayable.store.audit_base import (
     STATS_WINDOW,
     RunSummary,
@@ -180,19 +191,16 @@ def grant_audit(
         conn.execute(statement)
 
 
-_ANN_COLS = (
-    "annotation_id, run_id::text, seq, author, role, login, created_at, verdict, policy, note, "
-    "amends, retract, closes_text, tenant, chain_index, prev_hash, hash, schema_version, key_id"
-)
-_ANN_INSERT = _ANN_COLS.replace("run_id::text", "run_id")
-_ACCESS_COLS = (
-    "entry_id, at, login, app_user, role, channel, purpose, run_id::text, steps_text, "
-    "what_text, tenant, schema_version"
-)
-_FLAG_COLS = (
-    "flag_id, rule, run_id::text, workflow, steps_text, evidence_text, score, created_at, "
-    "tenant, schema_version"
-)
+# Run ids are UUID columns, read back as text; JSON travels in the *_text columns.
+_ANN_COLS = columns(Annotation, json_suffix="_text", run_id="run_id::text")
+_ACCESS_COLS = columns(AccessEntry, json_suffix="_text", run_id="run_id::text")
+_FLAG_COLS = columns(AnomalyFlag, json_suffix="_text", run_id="run_id::text")
+
+
+def _insert(table: str, cols: str, values: Sequence[str] | None = None) -> str:
+    names = cols.replace("run_id::text", "run_id")
+    places = values or ["%s"] * (names.count(",") + 1)
+    return f"INSERT INTO {table} ({names}) VALUES ({', '.join(places)})"
 
 
 _UNKNOWN: Final = object()
@@ -216,10 +224,6 @@ _SUMMARY_SQL: Final = summary_sql(
     contains=lambda column, text: f"strpos({column}, {_literal(text)}) > 0",
     literal=_literal,
 )
-
-
-def _json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 class PostgresAudit:
@@ -298,40 +302,18 @@ class PostgresAudit:
         return self._login
 
     def append_annotations(self, annotations: Sequence[Annotation]) -> None:
-        rows = [
-            (
-                a.annotation_id,
-                a.run_id,
-                a.seq,
-                a.author,
-                a.role,
-                a.login,
-                a.created_at,
-                a.verdict,
-                a.policy,
-                a.note,
-                a.amends,
-                a.retract,
-                _json(list(a.closes)),
-                self.tenant,
-                a.run_id,
-                a.chain_index,
-                a.prev_hash,
-                a.hash,
-                a.schema_version,
-                a.key_id,
-            )
-            for a in annotations
-        ]
         # The row is filed under the store's tenant, else the run's as the database
-        # holds it (looked up in the same statement).
-        values = ", ".join(["%s"] * 13) + ", COALESCE(%s, (SELECT r.tenant FROM runs r WHERE "
-        values += "r.run_id = %s::uuid)), " + ", ".join(["%s"] * 5)
-        statement = f"INSERT INTO annotations ({_ANN_INSERT}) VALUES ({values})"
-        self._write_rows("annotations", [(statement, rows)])
+        # holds it (looked up in the same statement: the tenant's place takes two values).
+        at = _ANN_COLS.split(", ").index("tenant")
+        places = ["%s"] * len(_ANN_COLS.split(", "))
+        places[at] = "COALESCE(%s, (SELECT r.tenant FROM runs r WHERE r.run_id = %s::uuid))"
+        rows = []
+        for a in annotations:
+            row = to_row(a)
+            rows.append((*row[:at], self.tenant, a.run_id, *row[at + 1 :]))
+        self._write_rows("annotations", [(_insert("annotations", _ANN_COLS, places), rows)])
 
     def annotations(self, run_id: str) -> list[Annotation]:
-        from replayable.store._sqlite_audit import annotation_from_row
         from replayable.store.postgres._store import _is_uuid
 
         if not _is_uuid(run_id):
@@ -340,40 +322,14 @@ class PostgresAudit:
             f"SELECT {_ANN_COLS} FROM annotations WHERE run_id = %s ORDER BY chain_index",
             (run_id,),
         )
-        return [annotation_from_row(r) for r in rows]
+        return [from_row(Annotation, r) for r in rows]
 
     def flag_closers(self) -> dict[str, str]:
-        rows = self.query(
-            "SELECT annotation_id, closes_text FROM annotations WHERE closes_text <> '[]' "
-            "ORDER BY created_at, annotation_id"
-        )
-        out: dict[str, str] = {}
-        for annotation_id, text in rows:
-            for flag_id in orjson.loads(text):
-                out.setdefault(flag_id, annotation_id)
-        return out
+        return closers(self.query(CLOSERS_SQL.format(closes="closes_text")))
 
     def append_access(self, entries: Sequence[AccessEntry]) -> None:
-        rows = [
-            (
-                e.entry_id,
-                e.at,
-                e.login,
-                e.user,
-                e.role,
-                e.channel,
-                e.purpose,
-                e.run_id,
-                _json(list(e.steps)),
-                _json(list(e.what)),
-                self._row_tenant(e.run_id),
-                e.schema_version,
-            )
-            for e in entries
-        ]
-        cols = _ACCESS_COLS.replace("run_id::text", "run_id")
-        statement = f"INSERT INTO access_log ({cols}) VALUES ({', '.join(['%s'] * 12)})"
-        self._write_rows("access-log entries", [(statement, rows)])
+        rows = [to_row(replace(e, tenant=self._row_tenant(e.run_id))) for e in entries]
+        self._write_rows("access-log entries", [(_insert("access_log", _ACCESS_COLS), rows)])
 
     def access_entries(
         self,
@@ -383,47 +339,26 @@ class PostgresAudit:
         since: float | None = None,
         limit: int | None = None,
     ) -> list[AccessEntry]:
-        from replayable.store._sqlite_audit import _access_where, access_from_row
         from replayable.store.postgres._store import _is_uuid
 
         if run_id is not None and not _is_uuid(run_id):
             return []
-        where, params = _access_where(run_id, who, since, "%s")
-        statement = f"SELECT {_ACCESS_COLS} FROM access_log"
-        if where:
-            statement += " WHERE " + " AND ".join(where)
+        where, params = access_where(run_id, who, since, "%s")
+        statement = f"SELECT {_ACCESS_COLS} FROM access_log{where_sql(where)}"
         statement += " ORDER BY at DESC, entry_id DESC"
         if limit is not None:
             statement += " LIMIT %s"
             params.append(limit)
-        return [access_from_row(r) for r in reversed(self.query(statement, params))]
+        return [from_row(AccessEntry, r) for r in reversed(self.query(statement, params))]
 
     def append_flags(self, flags: Sequence[AnomalyFlag], scanned: Sequence[str]) -> None:
         self._prefetch_tenants([*scanned, *(f.run_id for f in flags)])
-        flag_rows = [
-            (
-                f.flag_id,
-                f.rule,
-                f.run_id,
-                f.workflow,
-                _json(list(f.steps)),
-                _json(f.evidence),
-                f.score,
-                f.created_at,
-                self._row_tenant(f.run_id),
-                f.schema_version,
-            )
-            for f in flags
-        ]
-        cols = _FLAG_COLS.replace("run_id::text", "run_id")
+        flag_rows = [to_row(replace(f, tenant=self._row_tenant(f.run_id))) for f in flags]
         tenants = {r: self._row_tenant(r) for r in scanned}
         self._write_rows(
             "anomaly flags",
             [
-                (
-                    f"INSERT INTO anomaly_flags ({cols}) VALUES ({', '.join(['%s'] * 10)})",
-                    flag_rows,
-                ),
+                (_insert("anomaly_flags", _FLAG_COLS), flag_rows),
                 (
                     "INSERT INTO anomaly_scanned (run_id, tenant) VALUES (%s, %s)",
                     [(r, tenants.get(r, self.tenant)) for r in scanned],
@@ -438,27 +373,13 @@ class PostgresAudit:
         rule: str | None = None,
         since: float | None = None,
     ) -> list[AnomalyFlag]:
-        from replayable.store._sqlite_audit import flag_from_row
         from replayable.store.postgres._store import _is_uuid
 
-        where: list[str] = []
-        params: list[Any] = []
-        if run_id is not None:
-            if not _is_uuid(run_id):
-                return []
-            where.append("run_id = %s")
-            params.append(run_id)
-        if rule is not None:
-            where.append("rule = %s")
-            params.append(rule)
-        if since is not None:
-            where.append("created_at >= %s")
-            params.append(since)
-        statement = f"SELECT {_FLAG_COLS} FROM anomaly_flags"
-        if where:
-            statement += " WHERE " + " AND ".join(where)
-        statement += " ORDER BY position"
-        return [flag_from_row(r) for r in self.query(statement, params)]
+        if run_id is not None and not _is_uuid(run_id):
+            return []
+        where, params = flag_where(run_id, rule, since, "%s")
+        statement = f"SELECT {_FLAG_COLS} FROM anomaly_flags{where_sql(where)} ORDER BY position"
+        return [from_row(AnomalyFlag, r) for r in self.query(statement, params)]
 
     def unscanned_runs(
         self,
@@ -470,21 +391,13 @@ class PostgresAudit:
     ) -> list[Run]:
         from replayable.store.postgres._store import _RUN_COLS
 
-        where = ["NOT EXISTS (SELECT 1 FROM anomaly_scanned s WHERE s.run_id = r.run_id)"]
-        params: list[Any] = []
-        if since is not None:
-            where.append("r.started_at >= %s")
-            params.append(since)
-        if workflow is not None:
-            where.append("r.workflow = %s")
-            params.append(workflow)
+        where, params = unscanned_where(since, workflow, "%s")
         if after is not None:
             where.append("(r.started_at, r.run_id) > (%s, %s::uuid)")
             params.extend(after)
         statement = (
-            f"SELECT {_RUN_COLS} FROM runs r JOIN run_ends e ON e.run_id = r.run_id WHERE "
-            + " AND ".join(where)
-            + " ORDER BY r.started_at, r.run_id LIMIT %s"
+            f"SELECT {_RUN_COLS} FROM runs r JOIN run_ends e ON e.run_id = r.run_id"
+            f"{where_sql(where)} ORDER BY r.started_at, r.run_id LIMIT %s"
         )
         return [run_from_row(r) for r in self.query(statement, [*params, limit])]
 
