@@ -101,38 +101,36 @@ def where_sql(where: Sequence[str]) -> str:
     return " WHERE " + " AND ".join(where) if where else ""
 
 
+def _filters(ph: str, *conditions: tuple[str, Any]) -> tuple[list[str], list[Any]]:
+    # Each condition whose value is given, with that value for each of its placeholders.
+    where: list[str] = []
+    params: list[Any] = []
+    for template, value in conditions:
+        if value is not None:
+            where.append(template.format(ph=ph))
+            params.extend([value] * template.count("{ph}"))
+    return where, params
+
+
 def access_where(
     run_id: str | None, who: str | None, since: float | None, ph: str
 ) -> tuple[list[str], list[Any]]:
     """Conditions and parameters of an access-log read (``ph``: the placeholder)."""
-    where: list[str] = []
-    params: list[Any] = []
-    if run_id is not None:
-        where.append(f"run_id = {ph}")
-        params.append(run_id)
-    if who is not None:
-        where.append(f"(login = {ph} OR app_user = {ph})")
-        params.extend((who, who))
-    if since is not None:
-        where.append(f"at >= {ph}")
-        params.append(since)
-    return where, params
+    return _filters(
+        ph,
+        ("run_id = {ph}", run_id),
+        ("(login = {ph} OR app_user = {ph})", who),
+        ("at >= {ph}", since),
+    )
 
 
 def flag_where(
     run_id: str | None, rule: str | None, since: float | None, ph: str
 ) -> tuple[list[str], list[Any]]:
     """Conditions and parameters of an anomaly-flag read."""
-    where: list[str] = []
-    params: list[Any] = []
-    for column, value in (("run_id", run_id), ("rule", rule)):
-        if value is not None:
-            where.append(f"{column} = {ph}")
-            params.append(value)
-    if since is not None:
-        where.append(f"created_at >= {ph}")
-        params.append(since)
-    return where, params
+    return _filters(
+        ph, ("run_id = {ph}", run_id), ("rule = {ph}", rule), ("created_at >= {ph}", since)
+    )
 
 
 def unscanned_where(
@@ -140,12 +138,6 @@ def unscanned_where(
 ) -> tuple[list[str], list[Any]]:
     """Conditions and parameters choosing runs (``r``) no scan has marked; the caller
     adds how far a scan got, in its dialect."""
-    where = ["NOT EXISTS (SELECT 1 FROM anomaly_scanned s WHERE s.run_id = r.run_id)"]
-    params: list[Any] = []
-    if since is not None:
-        where.append(f"r.started_at >= {ph}")
-        params.append(since)
-    if workflow is not None:
-        where.append(f"r.workflow = {ph}")
-        params.append(workflow)
+    where, params = _filters(ph, ("r.started_at >= {ph}", since), ("r.workflow = {ph}", workflow))
+    where.insert(0, "NOT EXISTS (SELECT 1 FROM anomaly_scanned s WHERE s.run_id = r.run_id)")
     return where, params
