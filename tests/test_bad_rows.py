@@ -141,3 +141,73 @@ def test_orphans_gaps_and_missing_ends_named_distinctly(recorded: tuple[Path, st
     text = _cli(path, "verify", other)
     assert text.exit_code == 1
     assert "incomplete" in _cli(path, "runs").stdout
+
+
+# -- the one-pass reader of sound rows ------------------------------------------------
+
+_SOUND = (
+    "r-1", 17, "tool", "lookup", "0.17", None, "agent.py:12", '{"args":[17],"kwargs":{}}',
+    "ab" * 32, '{"i":17}', "json", None, 0, 1764590000.5, 12345, '{"k":[1]}', 16,
+    "cd" * 32, "ef" * 32, 1,
+)  # fmt: skip
+
+
+def _columnwise(row: tuple[object, ...]) -> object:
+    from replayable.events.model import Event
+    from replayable.store.rows import EVENT_COLUMNS, _decode
+
+    values, problems = _decode(EVENT_COLUMNS, row)
+    assert problems == ()
+    return Event(**values)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {4: None, 6: None, 9: None},  # no key, call site or response
+        {5: 3, 11: '{"type":"ValueError","message":"x","args":[]}'},
+        {12: True},  # PostgreSQL hands back a boolean
+        {12: 1, 10: "tagged"},
+        {13: 1764590000},  # an integral time
+    ],
+    ids=["plain", "nulls", "parent-error", "pg-bool", "tagged", "int-time"],
+)
+def test_sound_rows_read_in_one_pass_as_column_by_column(change: dict[int, object]) -> None:
+    """The fast reader gives exactly the event the checking decoder gives."""
+    from replayable.store.rows import _sound_event
+
+    row = tuple(change.get(i, v) for i, v in enumerate(_SOUND))
+    fast = _sound_event(row)
+    assert fast is not None
+    assert fast == _columnwise(row)
+    assert event_from_row(row) == fast
+
+
+@pytest.mark.parametrize(
+    ("col", "bad"),
+    [
+        (0, None), (1, "17"), (2, 3), (4, 5), (5, "3"), (6, b"x"), (7, "{not json"),
+        (7, None), (8, None), (9, "[1,"), (10, "msgpack"), (11, "[1]"), (11, "nope"),
+        (12, 2), (12, "yes"), (13, float("nan")), (13, float("inf")), (13, "now"),
+        (14, 1.5), (15, "[]"), (15, "{"), (15, None), (16, "16"), (17, None), (18, 7),
+        (19, 0), (19, 99), (19, "1"),
+    ],
+)  # fmt: skip
+def test_every_unsound_column_leaves_the_row_to_the_checking_decoder(col: int, bad: object) -> None:
+    """No row the column-by-column decoder would fault gets past the fast reader, and
+    event_from_row still names the column."""
+    from replayable.store.rows import EVENT_COLUMNS, _sound_event
+
+    row = tuple(bad if i == col else v for i, v in enumerate(_SOUND))
+    assert _sound_event(row) is None
+    event = event_from_row(row)
+    assert any(p.startswith(EVENT_COLUMNS[col][0] + ":") for p in event.problems), event.problems
+
+
+def test_short_and_long_rows_leave_the_fast_reader() -> None:
+    from replayable.store.rows import _sound_event
+
+    assert _sound_event(_SOUND[:-1]) is None
+    assert _sound_event((*_SOUND, "extra")) is None
+    assert event_from_row(_SOUND[:-1]).problems == ("schema_version: column is missing",)

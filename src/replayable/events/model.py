@@ -50,7 +50,7 @@ BOUNDARY_KINDS: Final = (
 RunStatus = Literal["completed", "failed", "incomplete"]
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class Event(msgspec.Struct, frozen=True, gc=False):
     """One boundary crossing: what went in and what came back.
 
     ``request``, ``response`` and ``error`` are canonical JSON text;
