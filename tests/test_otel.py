@@ -323,3 +323,77 @@ def test_follower_ships_runs_while_they_are_recorded(phoenix, tmp_path, monkeypa
     root = next(s for s in spans if s["name"] == "invoke_agent tidy_calendar")
     assert _flat(root["attributes"])["replayable.run_id"] == rec.run_ids[0]
     assert all(s["parent_id"] == root["context"]["span_id"] for s in spans if s is not root)
+
+
+class _Collector:
+    """A local OTLP/HTTP receiver that decodes what it gets."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        received: list[tuple[str, str]] = []
+        self.received = received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                req = ExportTraceServiceRequest.FromString(body)
+                for rs in req.resource_spans:
+                    for ss in rs.scope_spans:
+                        for sp in ss.spans:
+                            received.append((sp.name, sp.span_id.hex()))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        import threading
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_follower_sends_each_span_once_and_a_run_span_after_its_end(tmp_path, monkeypatch):
+    """Polls send only what is new: the events of a run, then its own span once it has
+    ended, never twice; a run recorded later is picked up by the next poll."""
+    monkeypatch.setattr(agents_policies, "ASK_FIRST", False)
+    store = replayable.open_store(f"sqlite:///{tmp_path / 'runs.db'}")
+    collector = _Collector()
+    try:
+        follower = Follower(store, collector.url, since=time.time() - 1)
+        with replayable.recording(store) as rec:
+            agents_policies.tidy_calendar("ops")
+        assert follower.poll() == 3
+        assert follower.poll() == 0
+        with replayable.recording(store) as rec2:
+            agents_policies.refunds(10.0, "2026-06-01")
+        assert follower.poll() == 2
+        follower.stop()
+    finally:
+        collector.close()
+    names = [n for n, _ in collector.received]
+    assert sorted(names) == sorted(
+        [
+            "invoke_agent tidy_calendar",
+            "execute_tool list_events",
+            "execute_tool delete_event",
+            "invoke_agent refunds",
+            "execute_tool refund",
+        ]
+    )
+    ids = [i for _, i in collector.received]
+    assert len(ids) == len(set(ids))
+    assert f"{span_id(rec.run_ids[0]):016x}" in ids
+    assert f"{span_id(rec2.run_ids[0]):016x}" in ids

@@ -22,6 +22,8 @@ __all__ = ["ExportSummary", "Follower", "OtlpExportError", "export_runs", "run_t
 
 #: Spans per OTLP request.
 BATCH: Final = 4096
+#: How late a run's start record may reach the store after a later run's (seconds).
+SETTLE_S: Final = 60.0
 
 
 class OtlpExportError(ReplayableError):
@@ -157,7 +159,8 @@ class Follower:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         self.poll()
         self._sender.close()
 
@@ -193,5 +196,18 @@ class Follower:
             if run.end is not None:
                 self._done.add(run.run_id)
                 del self._sent_events[run.run_id]
+        self._advance(runs)
         self.spans_sent += sent
         return sent
+
+    def _advance(self, runs: list[Run]) -> None:
+        # Read from the oldest run still open (or the newest seen), less a margin for
+        # start records that reach the store after later ones: the window stays short
+        # however long the follower runs, and finished runs leave the done set with it.
+        open_starts = [r.started_at for r in runs if r.run_id not in self._done]
+        latest = max((r.started_at for r in runs), default=self.since)
+        since = max(self.since, min(open_starts, default=latest) - SETTLE_S)
+        if since > self.since:
+            self.since = since
+            kept = {r.run_id for r in runs if r.started_at >= since}
+            self._done &= kept
