@@ -36,6 +36,7 @@ from replayable.events.model import Event, RunStart
 
 RUN = "01a231a8-f5d1-7228-af5e-3166d2795df2"
 REQUEST = b'{"jurisdiction":"GB-SCT"}'
+VECTOR_V2 = "e05d6b9ba7323380602cf73a3ec53e89e37de96d0f43d9a6e25c95d79174899a"
 KEY = ChainKey("vector-key", b"replayable hash vector key, 32+ bytes!")
 START = RunStart(
     run_id=RUN,
@@ -54,8 +55,9 @@ START = RunStart(
 )
 
 
-def _event(prev_hash: str) -> Event:
+def _event(prev_hash: str, schema_version: int = 1) -> Event:
     return Event(
+        schema_version=schema_version,
         run_id=RUN,
         seq=1,
         kind="tool",
@@ -109,6 +111,30 @@ def test_fingerprint_and_unkeyed_chain_vectors():
     assert h == hashlib.sha256(g.encode() + fields).hexdigest()
     seal = run_seal(h, START, "completed", '{"risk":"low"}', None, 1796129486.69, 1)
     assert seal == "fbd563c0b453ff3a860a2c06f69ac46cfaf63a4d7a2e5438959bf6a3f561345c"
+
+
+def test_version_2_events_hash_their_payloads_digests():
+    """Events of version 2 (written since the blob tier) cover the sha256 of their request
+    and response in place of the text: the same commitment, verifiable without the payload."""
+    g = genesis_hash(RUN)
+    ev = _event(g, schema_version=2)
+    fields = event_fields(ev)
+    assert fields[8] == hashlib.sha256(REQUEST).hexdigest()
+    assert fields[10] == hashlib.sha256(b"[]").hexdigest()
+    h = event_hash(ev)
+    assert (
+        h
+        == hashlib.sha256(
+            g.encode() + orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+        ).hexdigest()
+    )
+    assert h == VECTOR_V2
+    # Without the payload (erased), its digest stands in and the hash is the same.
+    gone = msgspec.structs.replace(
+        ev, request="null", response=None, request_digest=fields[8], response_digest=fields[10]
+    )
+    assert event_hash(gone) == h
+    assert event_hash(msgspec.structs.replace(ev, schema_version=1)) != h
 
 
 def test_keyed_chain_vectors():

@@ -266,7 +266,7 @@ def test_v1_database_upgrades_and_its_runs_verify(tmp_path: Path) -> None:
         assert verify_run(reopened, rid, integrity=Integrity()).ok
         with sqlite3.connect(path) as raw:
             version = raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert version == ("2",)
+        assert version == ("3",)
     finally:
         reopened.close()
 

@@ -34,6 +34,7 @@ from replayable.events.ids import uuid7
 from replayable.events.model import Event, RunEnd, RunStart
 from replayable.store import EventStore, MemoryStore, RunFilter, open_store, verify_run
 from replayable.store.sqlite import SQLiteStore
+from tests.llm_corpus import chat
 
 # -- record builders ------------------------------------------------------------
 
@@ -680,6 +681,156 @@ class StoreContract:
         assert store.get_blob(digest) == data
         assert store.get_blob(hashlib.sha256(b"other").hexdigest()) is None
 
+    # -- the payload tier ----------------------------------------------------------
+
+    def tamper_blob(self, store: EventStore, digest: str, data: bytes) -> None:
+        """Replace the stored bytes of payload blob ``digest`` behind the store's back."""
+        raise NotImplementedError
+
+    def test_large_payloads_round_trip_through_the_blob_tier(self, store: EventStore) -> None:
+        """Payloads over the threshold leave the row and read back whole, chain intact."""
+        rid = new_id(60)
+        big = "x" * 5000
+        payloads = [
+            (canonical({"doc": big, "n": 1}), canonical({"summary": "é" * 3000})),
+            ('{"q":"small"}', canonical({"rows": [big]})),
+            (canonical({"doc": big, "n": 1}), None),
+        ]
+        events = payload_events(rid, payloads)
+        store.append([make_start(rid)], events, [make_end(rid, events)])
+        got = store.events(rid)
+        assert [(e.request, e.response) for e in got] == [(e.request, e.response) for e in events]
+        assert got == events
+        assert store.event_at(rid, 2) == events[1]
+        assert verify_run(store, rid).ok
+        stats = store.tier_stats()
+        # "x"*5000 is stored once although three payloads hold it.
+        assert stats.blobs == 2
+        assert stats.stored_bytes < stats.text_bytes / 10
+
+    def test_small_payloads_stay_inline(self, store: EventStore) -> None:
+        rid = new_id(61)
+        events = make_events(rid, 3)
+        store.append([make_start(rid)], events)
+        assert store.tier_stats().blobs == 0
+        assert store.events(rid) == events
+
+    def test_chat_history_is_stored_once_per_message(self, store: EventStore) -> None:
+        """A chat that re-sends its history costs linear, not quadratic, storage."""
+        sizes = {}
+        for turns in (10, 40):
+            conversation = chat(turns, seed=turns)
+            rid = new_id(62 + turns)
+            events = payload_events(rid, conversation.calls)
+            before = store.tier_stats()
+            store.append([make_start(rid)], events, [make_end(rid, events)])
+            after = store.tier_stats()
+            stored = (after.text_bytes - before.text_bytes) + (after.node_bytes - before.node_bytes)
+            sizes[turns] = stored / conversation.unique_chars
+            assert [e.request for e in store.events(rid)] == [e.request for e in events]
+            assert verify_run(store, rid).ok
+        assert sizes[10] <= 1.5, sizes
+        assert sizes[40] <= 1.5, sizes
+
+    def test_each_data_subject_has_its_own_blobs(self, store: EventStore) -> None:
+        """Runs naming a data subject share blobs within that subject only."""
+        payload = canonical({"context": "q" * 4000})
+        for n, subject in ((74, "customer-1"), (75, "customer-1"), (76, "customer-2"), (77, None)):
+            rid = new_id(n)
+            meta = {"data_subject": subject} if subject else {}
+            store.append([make_start(rid, metadata=meta)], payload_events(rid, [(payload, None)]))
+            assert store.events(rid)[0].request == payload
+        assert store.tier_stats().blobs == 3
+
+    def test_search_sees_payloads_in_the_blob_tier(self, store: EventStore) -> None:
+        """Impact queries match on tiered payloads as on inline ones (and not on others)."""
+        from replayable.store.search import EventQuery, Predicate
+
+        rid = new_id(73)
+        events = payload_events(
+            rid,
+            [
+                (canonical({"jurisdiction": "GB-" + "w" * 2000}), canonical({"rows": []})),
+                (canonical({"jurisdiction": "FR-" + "w" * 2000}), canonical({"rows": [1]})),
+                ('{"jurisdiction":"GB-short"}', None),
+            ],
+        )
+        store.append([make_start(rid)], events, [make_end(rid, events)])
+        page = store.search(EventQuery(where=(Predicate.parse("request.jurisdiction ^= GB"),)))
+        assert [(h.run_id, [e.seq for e in h.events]) for h in page.hits] == [(rid, [1, 3])]
+        assert page.hits[0].events[0] == events[0]
+
+    def test_chats_sharing_a_prompt_read_back_from_a_new_store_object(
+        self, store: EventStore
+    ) -> None:
+        """Two chats that share the system prompt but not the first question: each reads
+        back whole, also without the writer's caches."""
+        first, second = chat(3, seed=1), chat(3, seed=2)
+        shared = [(first.calls[0][0][:2200] + "x", None)]
+        ids = []
+        for n, calls in ((80, first.calls), (81, second.calls), (82, shared)):
+            rid = new_id(n)
+            store.append([make_start(rid)], payload_events(rid, calls))
+            ids.append((rid, calls))
+        store.tier._nodes.clear()
+        store.tier._texts.clear()
+        for rid, calls in ids:
+            assert [e.request for e in store.events(rid)] == [c[0] for c in calls]
+
+    def test_identical_payloads_across_runs_are_stored_once(self, store: EventStore) -> None:
+        payload = canonical({"context": "y" * 4000})
+        for n in (70, 71):
+            rid = new_id(n)
+            events = payload_events(rid, [(payload, payload)])
+            store.append([make_start(rid)], events)
+        assert store.tier_stats().blobs == 1
+        for n in (70, 71):
+            assert store.events(new_id(n))[0].response == payload
+
+    def test_blob_that_does_not_match_its_hash_is_reported(self, store: EventStore) -> None:
+        """An altered blob makes its event unreadable, named by the reader and by verify."""
+        import zstandard
+
+        rid = new_id(72)
+        text = "secret plan " * 200
+        events = payload_events(rid, [(canonical({"doc": text}), None), ('{"q":1}', None)])
+        store.append([make_start(rid)], events, [make_end(rid, events)])
+        digest = hashlib.sha256(canonical(text).encode()).hexdigest()
+        self.tamper_blob(store, digest, zstandard.compress(canonical(text + "!").encode()))
+        store.tier._texts.clear()
+        got = store.events(rid)
+        assert got[0].problems
+        assert f"blob {digest[:12]} does not match its hash" in str(got[0].problems)
+        assert not got[1].problems
+        report = verify_run(store, rid)
+        assert not report.ok
+        assert "does not match its hash" in str(report)
+
+
+def canonical(value: Any) -> str:
+    import orjson
+
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def payload_events(run_id: str, payloads: Sequence[tuple[str, str | None]]) -> list[Event]:
+    """Chained events carrying the given (request, response) payloads."""
+    out: list[Event] = []
+    prev = genesis_hash(run_id)
+    for i, (request, response) in enumerate(payloads):
+        draft = msgspec.structs.replace(
+            make_events(run_id, 1, first_seq=i + 1)[0],
+            request=request,
+            response=response,
+            error=None,
+            chain_index=i,
+            prev_hash=prev,
+        )
+        event = msgspec.structs.replace(draft, hash=event_hash(draft))
+        out.append(event)
+        prev = event.hash
+    return out
+
 
 def _common_prefix(a: str, b: str) -> str:
     n = 0
@@ -697,12 +848,25 @@ class TestMemoryStore(StoreContract):
     def create_store(self) -> EventStore:
         return MemoryStore()
 
+    def tamper_blob(self, store: EventStore, digest: str, data: bytes) -> None:
+        assert isinstance(store, MemoryStore)
+        for key, row in list(store._tier_blobs.items()):
+            if row.digest == digest:
+                store._tier_blobs[key] = row._replace(data=data)
+
 
 class TestSQLiteStore(StoreContract):
     """The contract against the SQLite store."""
 
     def create_store(self) -> EventStore:
         return SQLiteStore(self.tmp_path / f"runs-{len(self._opened)}.db")
+
+    def tamper_blob(self, store: EventStore, digest: str, data: bytes) -> None:
+        assert isinstance(store, SQLiteStore)
+        with raw(store.path) as conn:
+            conn.execute("DROP TRIGGER payload_blobs_no_update")
+            conn.execute("UPDATE payload_blobs SET data = ? WHERE digest = ?", (data, digest))
+            conn.commit()
 
 
 # -- SQLite only ---------------------------------------------------------------------
@@ -981,3 +1145,64 @@ def test_sqlite_append_is_not_starved_by_a_busy_agent_thread(tmp_path: Path) -> 
         hog.join()
         store.close()
     assert took < 3.0, f"append of 2048 events took {took:.1f}s beside a busy thread"
+
+
+def test_v2_database_upgrades_to_the_blob_tier(tmp_path: Path) -> None:
+    """A version 2 database (payloads inline, no tier tables) upgrades in place: its runs
+    read and verify as before, and new large payloads go to the tier."""
+    path = tmp_path / "v2.db"
+    store = SQLiteStore(path)
+    store.close()
+    with raw(path) as conn:
+        conn.executescript(
+            "DROP TABLE payload_blobs; DROP TABLE payload_nodes; DROP TABLE payload_dicts;"
+            "DROP TRIGGER events_no_update; DROP TRIGGER events_no_delete;"
+            "ALTER TABLE events DROP COLUMN request_ref;"
+            "ALTER TABLE events DROP COLUMN response_ref;"
+            "UPDATE meta SET value = '2' WHERE key = 'schema_version';"
+        )
+        old = new_id(90)
+        big = canonical({"doc": "z" * 3000})
+        events = payload_events(old, [(big, big)])
+        start = make_start(old)
+        conn.execute(
+            "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                start.run_id,
+                start.workflow,
+                start.entrypoint,
+                None,
+                None,
+                start.root_run_id,
+                None,
+                start.input,
+                "{}",
+                canonical(start.code),
+                start.env_hash,
+                canonical(start.lineage),
+                start.started_at,
+                1,
+                None,
+            ),
+        )
+        from replayable.store.rows import event_to_row
+
+        conn.execute(f"INSERT INTO events VALUES ({','.join('?' * 20)})", event_to_row(events[0]))
+        conn.commit()
+    reopened = SQLiteStore(path)
+    try:
+        assert reopened.events(old) == events
+        assert reopened.tier_stats().blobs == 0
+        fresh = new_id(91)
+        more = payload_events(fresh, [(big, None)])
+        reopened.append([make_start(fresh)], more)
+        assert reopened.events(fresh) == more
+        assert reopened.tier_stats().blobs == 1
+    finally:
+        reopened.close()
+    with raw(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
+            "3",
+        )
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            conn.execute("DELETE FROM payload_blobs")

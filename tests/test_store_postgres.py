@@ -28,6 +28,7 @@ from replayable.store.postgres import (
     grant_tenant,
     init_roles,
 )
+from replayable.store.postgres._connect import connect
 from replayable.store.search import EventQuery, Predicate
 from tests.pg_helpers import PgServer, pg
 from tests.test_store_contract import (
@@ -54,6 +55,13 @@ class TestPostgresStore(StoreContract):
 
     def create_store(self) -> EventStore:
         return open_store(self.pg.url(self.pg.new_schema("contract")))
+
+    def tamper_blob(self, store: EventStore, digest: str, data: bytes) -> None:
+        assert isinstance(store, PostgresStore)
+        with connect(store.target) as conn:
+            conn.execute("ALTER TABLE payload_blobs DISABLE TRIGGER USER")
+            conn.execute("UPDATE payload_blobs SET data = %s WHERE digest = %s", (data, digest))
+            conn.execute("ALTER TABLE payload_blobs ENABLE TRIGGER USER")
 
 
 @pytest.fixture

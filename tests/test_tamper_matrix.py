@@ -207,7 +207,7 @@ EVENT_EDITS: list[tuple[str, Any]] = [
     ("chain_index", 7),
     ("prev_hash", "1" * 64),
     ("hash", "2" * 64),
-    ("schema_version", 2),
+    ("schema_version", 1),
     ("seq", 9),
 ]
 RUN_EDITS: list[tuple[str, Any]] = [

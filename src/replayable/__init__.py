@@ -189,6 +189,7 @@ def recording(
     metadata: Mapping[str, Any] | None = None,
     context: Mapping[str, Any] | None = None,
     tenant: str | None = None,
+    subject: str | None = None,
     durability: Literal["buffered", "durable"] = "buffered",
     env_vars: tuple[str, ...] = (),
     on_store_failure: Literal["spool", "raise"] | None = None,
@@ -210,6 +211,11 @@ def recording(
     ``spool_dir`` until the store is back; ``"raise"`` makes boundaries raise
     :class:`StoreError` instead. A durable boundary waits at most
     ``max_block_s`` seconds (default 5). These settings apply to the store's writer.
+
+    ``subject`` names the data subject the runs are about (``"customer-123"``):
+    their payloads are encrypted under that subject's own data key, so
+    ``replayable erase --subject customer-123`` can erase them alone. It is kept
+    in each run's metadata under ``data_subject``.
     """
     from replayable.capture.recording import Recording
 
@@ -220,6 +226,10 @@ def recording(
                 f"permissions), not {type(context).__name__}"
             )
         metadata = {**(metadata or {}), "context": dict(context)}
+    if subject is not None:
+        if not isinstance(subject, str) or not subject.strip():
+            raise TypeError(f"recording(subject=...) takes a non-empty string, not {subject!r}")
+        metadata = {**(metadata or {}), "data_subject": subject}
     return Recording(
         store,
         metadata=metadata,

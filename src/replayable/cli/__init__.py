@@ -14,9 +14,11 @@ from typing import Annotated
 import typer
 
 from replayable.cli import anomalies as _anomalies
+from replayable.cli import archive as _archive
 from replayable.cli import audit as _audit
 from replayable.cli import check as _check
 from replayable.cli import db as _db
+from replayable.cli import erase as _erase
 from replayable.cli import fixtures as _fixtures
 from replayable.cli import keys as _keys
 from replayable.cli import query as _query
@@ -69,6 +71,8 @@ app.command("diff")(diff)
 app.command("tools")(tools)
 app.command("verify")(verify)
 _db.register(app)
+_erase.register(app)
+_archive.register(app)
 _audit.register(app)
 _keys.register(app)
 _anomalies.register(app)

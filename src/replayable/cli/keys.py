@@ -27,6 +27,29 @@ def new(
         raise fail(str(exc)) from None
 
 
+@keys_app.command("rotate")
+def rotate(ctx: typer.Context) -> None:
+    """Wrap every payload data key again under the current key-encryption key.
+
+    Set the new KEK as current (REPLAYABLE_DATA_KEY, or "current" in the
+    REPLAYABLE_DATA_KEYRING file) with the old one still in the keyring; payloads
+    are not rewritten. Afterwards the old KEK can be retired.
+    """
+    from replayable.cli._context import state
+    from replayable.store.crypto import DataKeys, data_keys_from_env
+
+    try:
+        store = state(ctx).store()
+        keys = DataKeys(store, data_keys_from_env())
+        rewrapped, current = keys.rotate()
+    except ConfigurationError as exc:
+        raise fail(str(exc)) from None
+    typer.echo(
+        f"re-wrapped {rewrapped} data key(s) under the current key-encryption key "
+        f"({current} were already)"
+    )
+
+
 @keys_app.command("status")
 def status() -> None:
     """Say which chain key and anchor the environment configures."""

@@ -23,6 +23,7 @@ __all__ = [
     "event_hash",
     "fingerprint",
     "genesis_hash",
+    "payload_digest",
     "run_seal",
 ]
 
@@ -50,8 +51,26 @@ def genesis_hash(run_id: str) -> str:
     return hashlib.sha256(b"replayable-chain:" + run_id.encode()).hexdigest()
 
 
+def payload_digest(text: str | bytes) -> str:
+    """The sha256 (hex) of a payload's canonical text: what a version 2 event hashes."""
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
 def event_fields(event: Event) -> tuple[Any, ...]:
-    """The fields of ``event`` that its hash covers, in chain order."""
+    """The fields of ``event`` that its hash covers, in chain order.
+
+    A version 2 event covers the sha256 of its request and response rather than
+    their text: the hash commits to the same bytes, and still verifies when the
+    payload itself is gone (erased by crypto-shredding, or not fetched from the archive).
+    """
+    request: str | None = event.request
+    response = event.response
+    if event.schema_version >= 2:
+        request = event.request_digest or payload_digest(event.request)
+        if event.response_digest is not None:
+            response = event.response_digest
+        elif response is not None:
+            response = payload_digest(response)
     return (
         event.run_id,
         event.seq,
@@ -61,9 +80,9 @@ def event_fields(event: Event) -> tuple[Any, ...]:
         event.key,
         event.parent,
         event.call_site,
-        event.request,
+        request,
         event.fingerprint,
-        event.response,
+        response,
         event.encoding,
         event.error,
         event.side_effect,

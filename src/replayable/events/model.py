@@ -16,6 +16,7 @@ import orjson
 
 __all__ = [
     "BOUNDARY_KINDS",
+    "EVENT_SCHEMA_VERSION",
     "SCHEMA_VERSION",
     "Event",
     "Run",
@@ -26,6 +27,11 @@ __all__ = [
 
 #: Version of the event and run record layout. Bump it with an upcaster.
 SCHEMA_VERSION: Final = 1
+#: Version of the event record: 2 hashes the sha256 of its request and response
+#: instead of their text (see :func:`~replayable.events.canonical.event_fields`), so
+#: that an event whose payload was erased or archived still verifies. Events of
+#: version 1 keep their own hashing.
+EVENT_SCHEMA_VERSION: Final = 2
 
 #: The places where the outside world enters an agent. ``span`` groups events;
 #: ``gap`` notes a network connection no boundary captured (host, port, call site).
@@ -79,11 +85,18 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     chain_index: int
     prev_hash: str
     hash: str
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = EVENT_SCHEMA_VERSION
     #: What a reader found wrong with the stored row (column and problem), empty when
     #: the row is sound. A record with problems holds placeholders for what it could
     #: not read: readers show it as unreadable, replay stops at it, verify fails it.
     problems: tuple[str, ...] = ()
+    #: Set when a payload can no longer be read by design (its data key was destroyed):
+    #: "erased on DATE by WHO". The payload's place holds a placeholder and ``problems``
+    #: says so, and its sha256 (``request_digest``/``response_digest``) stands in for it
+    #: in the hash, so the chain still verifies.
+    erased: str | None = None
+    request_digest: str | None = None
+    response_digest: str | None = None
 
     def request_value(self) -> Any:
         """The request as a JSON tree (redacted, as stored)."""

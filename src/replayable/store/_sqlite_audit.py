@@ -194,19 +194,26 @@ class SQLiteAudit:
         return [run_from_row(r) for r in self._query(sql, [*params, limit])]
 
     def events_of(self, run_ids: Sequence[str]) -> dict[str, list[Event]]:
-        from replayable.store.sqlite import _EVENT_COLS
+        from replayable.store.sqlite import _EVENT_ROW_COLS
 
         out: dict[str, list[Event]] = {r: [] for r in run_ids}
         ids = list(out)
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             rows = self._query(
-                f"SELECT {_EVENT_COLS} FROM events WHERE run_id IN ({','.join('?' * len(chunk))}) "
-                "ORDER BY run_id, seq",
+                f"SELECT {_EVENT_ROW_COLS} FROM events "
+                f"WHERE run_id IN ({','.join('?' * len(chunk))}) ORDER BY run_id, seq",
                 chunk,
             )
+            # Payloads in the blob tier or the archive are joined back by the store.
+            tiered = {row[0] for row in rows if row[20] is not None or row[21] is not None}
             for row in rows:
-                out[row[0]].append(scan_event_from_row(row))
+                if row[0] not in tiered:
+                    out[row[0]].append(scan_event_from_row(row[:20]))
+            for run_id in tiered:
+                out[run_id] = self.events(run_id)  # type: ignore[attr-defined]
+        for run_id in self.archived_runs(ids):  # type: ignore[attr-defined]
+            out[run_id] = self.events(run_id)  # type: ignore[attr-defined]
         return out
 
     def run_summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:

@@ -153,7 +153,7 @@ def scan_event_from_row(r: Sequence[Any]) -> Event:
     Payload text is not parsed here: a rule that cannot parse it is reported by
     the scan and the scan goes on.
     """
-    from replayable.events.model import SCHEMA_VERSION, Event
+    from replayable.events.model import EVENT_SCHEMA_VERSION, Event
     from replayable.store.rows import event_from_row
 
     try:
@@ -179,7 +179,7 @@ def scan_event_from_row(r: Sequence[Any]) -> Event:
             and type(r[16]) is int_
             and type(r[17]) is str_
             and type(r[18]) is str_
-            and r[19] == SCHEMA_VERSION
+            and (r[19] == EVENT_SCHEMA_VERSION or r[19] == 1)
         )
         metadata = {} if r[15] == "{}" else orjson.loads(r[15]) if sound else None
     except orjson.JSONDecodeError:

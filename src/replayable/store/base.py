@@ -10,11 +10,16 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from replayable.errors import AmbiguousRunIdError, RunNotFoundError
+from replayable.errors import AmbiguousRunIdError, ConfigurationError, RunNotFoundError
 from replayable.events.model import Event, Run, RunEnd, RunStart, RunStatus
 from replayable.store.audit_base import AuditStore
+from replayable.store.payloads import BlobRow, NodeRow, PayloadTier, TierStats
+
+if TYPE_CHECKING:
+    from replayable.store.cold import ArchivedRun, ArchivePart
+    from replayable.store.crypto import ErasureRow, KeyRow
 from replayable.store.search import EventQuery, SearchPage, search_in_python
 
 __all__ = ["EventStore", "RunFilter"]
@@ -179,6 +184,98 @@ class EventStore(AuditStore, ABC):
     @abstractmethod
     def get_blob(self, digest: str) -> bytes | None:
         """The blob stored under ``digest``, or ``None``."""
+
+    # -- the payload tier (see :mod:`replayable.store.payloads`) --------------------
+
+    #: Splits large payloads into blobs on append and joins them on read.
+    tier: PayloadTier
+
+    @abstractmethod
+    def tier_nodes(self, tenant: str, digests: Sequence[str]) -> list[NodeRow]:
+        """The stored payload nodes of ``tenant`` among ``digests``."""
+
+    @abstractmethod
+    def tier_blobs(self, tenant: str, digests: Sequence[str]) -> list[BlobRow]:
+        """The stored payload blobs of ``tenant`` among ``digests`` (as stored: packed)."""
+
+    @abstractmethod
+    def tier_dictionary(self, tenant: str, dict_id: str | None) -> tuple[str, bytes] | None:
+        """Compression dictionary ``dict_id`` of ``tenant``, the newest when ``None``."""
+
+    @abstractmethod
+    def tier_put_dictionary(self, tenant: str, dict_id: str, data: bytes, at: float) -> None:
+        """Store a trained dictionary; writes from now on compress with it."""
+
+    @abstractmethod
+    def tier_sample(self, tenant: str, limit: int) -> list[BlobRow]:
+        """Up to ``limit`` of ``tenant``'s blobs (what a dictionary is trained on)."""
+
+    @abstractmethod
+    def tier_stats(self) -> TierStats:
+        """How many blobs and nodes the tier holds, and their bytes."""
+
+    @abstractmethod
+    def tier_tenants(self) -> list[str]:
+        """The tenants with blobs in the tier ('' for none)."""
+
+    # -- data keys (see :mod:`replayable.store.crypto`) ------------------------------
+
+    @abstractmethod
+    def key_rows(self, tenant: str, subject: str | None) -> list[KeyRow]:
+        """The wrapped data keys of ``tenant``: of one subject ('' for the tenant's own),
+        or of all its subjects when ``subject`` is ``None``."""
+
+    @abstractmethod
+    def all_key_rows(self) -> list[KeyRow]:
+        """Every wrapped data key this store may read (what rotation re-wraps)."""
+
+    @abstractmethod
+    def put_key_rows(self, rows: Sequence[KeyRow]) -> None:
+        """Store wrapped data keys (a key id wrapped again is a new row)."""
+
+    @abstractmethod
+    def erase_keys(self, tenant: str, subject: str | None, by: str, at: float) -> list[str]:
+        """Destroy the data keys of a tenant (all its subjects) or one subject and record
+        the erasure (maintenance only); returns the key ids destroyed."""
+
+    @abstractmethod
+    def erasures(self, tenant: str) -> list[ErasureRow]:
+        """The erasures recorded for ``tenant``, oldest first."""
+
+    # -- the archive index (see :mod:`replayable.store.cold`) -------------------------
+    # Stores that cannot be archived (memory) keep these defaults.
+
+    def archived_runs(self, run_ids: Sequence[str]) -> dict[str, ArchivedRun]:
+        """Where each archived run among ``run_ids`` lives (runs not archived are left out)."""
+        return {}
+
+    def archived_ids(self) -> set[str]:
+        """Every archived run's id."""
+        return set()
+
+    def archive_plan(self, part: ArchivePart) -> None:
+        """Record a part about to be written (its runs fixed)."""
+        raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
+
+    def archive_pending(self) -> list[ArchivePart]:
+        """Parts planned whose runs were never indexed (a crashed archive job's)."""
+        return []
+
+    def archive_commit(self, part_id: str, runs: Sequence[tuple[str, str]], at: float) -> None:
+        """Index ``runs`` (run id, key space) as living in part ``part_id``."""
+        raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
+
+    def stored_events(self, run_ids: Sequence[str]) -> list[tuple[Event, str | None, str | None]]:
+        """The runs' event rows as stored: payload placeholders and their tier references."""
+        raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
+
+    def run_spaces(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """The key space of each run's payloads."""
+        raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
+
+    def drop_archived_payloads(self, run_ids: Sequence[str]) -> int:
+        """Clear the hot payloads of archived runs (maintenance); the rows changed."""
+        raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
 
     @abstractmethod
     def get_run(self, run_id: str) -> Run:

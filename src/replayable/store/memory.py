@@ -10,6 +10,16 @@ from replayable.errors import AppendOnlyError, RunNotFoundError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._memory_audit import MemoryAudit
 from replayable.store.base import EventStore, RunFilter
+from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption
+from replayable.store.payloads import (
+    BlobRow,
+    NodeRow,
+    PayloadTier,
+    TierRows,
+    TierStats,
+    run_space,
+    split_space,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -27,6 +37,14 @@ class MemoryStore(MemoryAudit, EventStore):
         self._ends: dict[str, RunEnd] = {}
         self._events: dict[str, dict[int, Event]] = {}
         self._blobs: dict[str, bytes] = {}
+        self._refs: dict[tuple[str, int], tuple[str | None, str | None]] = {}
+        self._tier_blobs: dict[tuple[str, str], BlobRow] = {}
+        self._tier_nodes: dict[tuple[str, str], NodeRow] = {}
+        self._tier_dicts: dict[tuple[str, str], tuple[float, bytes]] = {}
+        self.tier = PayloadTier()
+        self._keys: dict[tuple[str, str, str, str], KeyRow] = {}
+        self._erasures: list[ErasureRow] = []
+        enable_encryption(self)
         self._audit_init()
 
     @classmethod
@@ -64,10 +82,21 @@ class MemoryStore(MemoryAudit, EventStore):
                 if end.run_id in self._ends or end.run_id in new_ends:
                     raise AppendOnlyError(f"run {end.run_id} already has an end record")
                 new_ends.add(end.run_id)
+            rows = TierRows()
+            split = self.tier.split_events(
+                self, events, lambda rid: self._tenant(rid, starts), rows
+            )
             for s in starts:
                 self._starts[s.run_id] = s
-            for e in events:
+            for e, rq, rs in split:
                 self._events.setdefault(e.run_id, {})[e.seq] = e
+                if rq is not None or rs is not None:
+                    self._refs[(e.run_id, e.seq)] = (rq, rs)
+            for key, blob in rows.blobs.items():
+                self._tier_blobs.setdefault(key, blob)
+            for key, node in rows.nodes.items():
+                self._tier_nodes.setdefault(key, node)
+            self.tier.committed(rows)
             for end in ends:
                 self._ends[end.run_id] = end
 
@@ -100,11 +129,99 @@ class MemoryStore(MemoryAudit, EventStore):
     def events(self, run_id: str) -> list[Event]:
         with self._lock:
             by_seq = dict(self._events.get(run_id, {}))
-        return [by_seq[s] for s in sorted(by_seq)]
+        return self._joined([by_seq[s] for s in sorted(by_seq)])
 
     def event_at(self, run_id: str, seq: int) -> Event | None:
         with self._lock:
-            return self._events.get(run_id, {}).get(seq)
+            found = self._events.get(run_id, {}).get(seq)
+        return None if found is None else self._joined([found])[0]
+
+    # -- the payload tier ----------------------------------------------------------
+
+    def _joined(self, events: list[Event]) -> list[Event]:
+        refs = self._refs
+        rows = [(e, *refs.get((e.run_id, e.seq), (None, None))) for e in events]
+        return self.tier.join_events(self, rows, lambda rid: self._tenant(rid, ()))
+
+    def _tenant(self, run_id: str, starts: Sequence[RunStart]) -> str:
+        for s in starts:
+            if s.run_id == run_id:
+                return run_space(s)
+        found = self._starts.get(run_id)
+        return run_space(found) if found is not None else ""
+
+    def tier_nodes(self, tenant: str, digests: Sequence[str]) -> list[NodeRow]:
+        return [n for d in digests if (n := self._tier_nodes.get((tenant, d))) is not None]
+
+    def tier_blobs(self, tenant: str, digests: Sequence[str]) -> list[BlobRow]:
+        return [b for d in digests if (b := self._tier_blobs.get((tenant, d))) is not None]
+
+    def tier_dictionary(self, tenant: str, dict_id: str | None) -> tuple[str, bytes] | None:
+        if dict_id is not None:
+            found = self._tier_dicts.get((tenant, dict_id))
+            return None if found is None else (dict_id, found[1])
+        mine = sorted(
+            ((at, d, data) for (t, d), (at, data) in self._tier_dicts.items() if t == tenant),
+            reverse=True,
+        )
+        return (mine[0][1], mine[0][2]) if mine else None
+
+    def tier_put_dictionary(self, tenant: str, dict_id: str, data: bytes, at: float) -> None:
+        with self._lock:
+            self._tier_dicts.setdefault((tenant, dict_id), (at, data))
+        self.tier.forget_dictionaries()
+
+    def tier_sample(self, tenant: str, limit: int) -> list[BlobRow]:
+        mine = sorted(b for (t, _), b in self._tier_blobs.items() if split_space(t)[0] == tenant)
+        return mine[:limit]
+
+    def tier_stats(self) -> TierStats:
+        blobs = list(self._tier_blobs.values())
+        nodes = list(self._tier_nodes.values())
+        return TierStats(
+            len(blobs),
+            sum(b.size for b in blobs),
+            sum(len(b.data) for b in blobs),
+            len(nodes),
+            sum(len(n.digest) + len(n.parent or "") + len(n.body) for n in nodes),
+        )
+
+    def key_rows(self, tenant: str, subject: str | None) -> list[KeyRow]:
+        with self._lock:
+            return [
+                r
+                for r in self._keys.values()
+                if r.tenant == tenant and (subject is None or r.subject == subject)
+            ]
+
+    def all_key_rows(self) -> list[KeyRow]:
+        with self._lock:
+            return list(self._keys.values())
+
+    def put_key_rows(self, rows: Sequence[KeyRow]) -> None:
+        with self._lock:
+            for r in rows:
+                self._keys.setdefault((r.tenant, r.subject, r.key_id, r.kek_id), r)
+
+    def erase_keys(self, tenant: str, subject: str | None, by: str, at: float) -> list[str]:
+        with self._lock:
+            gone = [
+                k
+                for k, r in self._keys.items()
+                if r.tenant == tenant and (subject is None or r.subject == subject)
+            ]
+            ids = sorted({self._keys[k].key_id for k in gone})
+            for k in gone:
+                del self._keys[k]
+            self._erasures.append(ErasureRow(tenant, subject, at, by, tuple(ids)))
+        return ids
+
+    def erasures(self, tenant: str) -> list[ErasureRow]:
+        with self._lock:
+            return [e for e in self._erasures if e.tenant == tenant]
+
+    def tier_tenants(self) -> list[str]:
+        return sorted({split_space(t)[0] for t, _ in self._tier_blobs})
 
     def event_run_ids(self) -> set[str]:
         with self._lock:

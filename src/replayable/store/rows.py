@@ -16,7 +16,14 @@ from typing import Any, Final
 
 import orjson
 
-from replayable.events.model import SCHEMA_VERSION, Event, Run, RunEnd, RunStart
+from replayable.events.model import (
+    EVENT_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    Event,
+    Run,
+    RunEnd,
+    RunStart,
+)
 
 __all__ = [
     "END_COLUMNS",
@@ -118,6 +125,15 @@ def _version(v: Any) -> int:
     return n
 
 
+def _event_version(v: Any) -> int:
+    n = _int(v)
+    if not 1 <= n <= EVENT_SCHEMA_VERSION:
+        raise _Bad(
+            f"{n} is not an event version this replayable reads (1 to {EVENT_SCHEMA_VERSION})"
+        )
+    return n
+
+
 def _status(v: Any) -> str:
     if v not in ("completed", "failed"):
         raise _Bad(f"{_show(v)} is not completed or failed")
@@ -186,7 +202,7 @@ EVENT_COLUMNS: Final[tuple[tuple[str, _Check, Any], ...]] = (
     ("chain_index", _int, -1),
     ("prev_hash", _text, ""),
     ("hash", _text, ""),
-    ("schema_version", _version, SCHEMA_VERSION),
+    ("schema_version", _event_version, EVENT_SCHEMA_VERSION),
 )
 
 

@@ -25,12 +25,27 @@ from replayable.errors import (
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._sqlite_audit import AUDIT_SCHEMA, AUDIT_TABLES, SQLiteAudit, upgrade_audit
 from replayable.store.base import EventStore, RunFilter, tag_value
+from replayable.store.cold import ArchivedRun, ArchivePart, ColdReader
+from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption, key_rows_for
+from replayable.store.payloads import (
+    SUBJECT_KEY,
+    BlobRow,
+    NodeRow,
+    PayloadTier,
+    TierRows,
+    TierStats,
+    run_space,
+    space,
+    split_space,
+    subject_text,
+)
 from replayable.store.rows import event_from_row, event_to_row, run_from_row
 
 __all__ = ["SQLiteStore"]
 
-#: 2 added ``runs.chain`` and ``run_ends.signature`` (keyed chains) and a store id.
-_DB_VERSION = 2
+#: 2 added ``runs.chain`` and ``run_ends.signature`` (keyed chains) and a store id;
+#: 3 the payload tier (``events.request_ref``/``response_ref``, ``payload_*`` tables).
+_DB_VERSION = 3
 
 _SCHEMA = (
     """
@@ -59,16 +74,58 @@ CREATE TABLE IF NOT EXISTS events (
     response TEXT, encoding TEXT NOT NULL, error TEXT, side_effect INTEGER NOT NULL,
     started_at REAL NOT NULL, duration_ns INTEGER NOT NULL, metadata TEXT NOT NULL,
     chain_index INTEGER NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
-    schema_version INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL, request_ref TEXT, response_ref TEXT,
     PRIMARY KEY (run_id, seq)
 );
 CREATE INDEX IF NOT EXISTS events_kind_name ON events (kind, name);
 CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS payload_blobs (
+    tenant TEXT NOT NULL, subject TEXT NOT NULL, digest TEXT NOT NULL, codec TEXT NOT NULL,
+    size INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (tenant, subject, digest)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS payload_nodes (
+    tenant TEXT NOT NULL, subject TEXT NOT NULL, digest TEXT NOT NULL, parent TEXT,
+    body TEXT NOT NULL, PRIMARY KEY (tenant, subject, digest)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS data_keys (
+    tenant TEXT NOT NULL, subject TEXT NOT NULL, key_id TEXT NOT NULL, kek_id TEXT NOT NULL,
+    wrapped BLOB NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (tenant, subject, key_id, kek_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS erasures (
+    erasure_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, subject TEXT, erased_at REAL NOT NULL,
+    erased_by TEXT NOT NULL, key_ids TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS archive_parts (
+    part_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, day TEXT NOT NULL, runs TEXT NOT NULL,
+    events_url TEXT NOT NULL, blobs_url TEXT NOT NULL, planned_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS archived_runs (
+    run_id TEXT PRIMARY KEY, part_id TEXT NOT NULL, space TEXT NOT NULL, archived_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS payload_dicts (
+    tenant TEXT NOT NULL, dict_id TEXT NOT NULL, created_at REAL NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (tenant, dict_id)
+);
 """
     + AUDIT_SCHEMA
 )
 
-_APPEND_ONLY = ("runs", "run_ends", "run_tags", "events", "blobs", *AUDIT_TABLES)
+_APPEND_ONLY = (
+    "runs",
+    "run_ends",
+    "run_tags",
+    "events",
+    "blobs",
+    "payload_blobs",
+    "payload_nodes",
+    "payload_dicts",
+    "data_keys",
+    "erasures",
+    "archive_parts",
+    "archived_runs",
+    *AUDIT_TABLES,
+)
 
 
 def _triggers() -> str:
@@ -87,6 +144,7 @@ _EVENT_COLS = (
     "encoding, error, side_effect, started_at, duration_ns, metadata, chain_index, "
     "prev_hash, hash, schema_version"
 )
+_EVENT_ROW_COLS = _EVENT_COLS + ", request_ref, response_ref"
 _RUN_COLS = (
     "run_id, workflow, entrypoint, parent_run_id, parent_seq, root_run_id, tenant, "
     "input, metadata, code, env_hash, lineage, started_at, schema_version, chain"
@@ -99,6 +157,11 @@ _END_COLS = (
 _UPGRADE_V2 = (
     "ALTER TABLE runs ADD COLUMN chain TEXT",
     "ALTER TABLE run_ends ADD COLUMN signature TEXT",
+)
+# Version 2 to 3: references to payloads in the blob tier (NULL: the payload is inline).
+_UPGRADE_V3 = (
+    "ALTER TABLE events ADD COLUMN request_ref TEXT",
+    "ALTER TABLE events ADD COLUMN response_ref TEXT",
 )
 
 
@@ -134,7 +197,13 @@ def _tag_difference(stored: set[Any], wanted: set[Any]) -> str | None:
 _ROWS_PER_STATEMENT = 500
 
 
-def _insert(c: sqlite3.Connection, head: str, width: int, rows: Sequence[tuple[Any, ...]]) -> None:
+def _insert(
+    c: sqlite3.Connection,
+    head: str,
+    width: int,
+    rows: Sequence[tuple[Any, ...]],
+    tail: str = "",
+) -> None:
     """Insert ``rows`` with multi-row statements, not ``executemany``.
 
     The sqlite3 module releases the GIL around every row it steps; while the
@@ -145,23 +214,28 @@ def _insert(c: sqlite3.Connection, head: str, width: int, rows: Sequence[tuple[A
     if not rows:
         return
     if len(rows) == 1:  # a durable boundary's batch
-        c.execute(_statement(head, width, 1), rows[0])
+        c.execute(_statement(head, width, 1, tail), rows[0])
         return
     for start in range(0, len(rows), _ROWS_PER_STATEMENT):
         chunk = rows[start : start + _ROWS_PER_STATEMENT]
-        c.execute(_statement(head, width, len(chunk)), list(chain.from_iterable(chunk)))
+        c.execute(_statement(head, width, len(chunk), tail), list(chain.from_iterable(chunk)))
 
 
 @functools.lru_cache(maxsize=256)
-def _statement(head: str, width: int, rows: int) -> str:
-    """``head VALUES (?, …), …`` for ``rows`` rows of ``width`` columns."""
+def _statement(head: str, width: int, rows: int, tail: str = "") -> str:
+    """``head VALUES (?, …), … tail`` for ``rows`` rows of ``width`` columns."""
     one = "(" + ",".join("?" * width) + ")"
-    return f"{head} VALUES " + ",".join([one] * rows)
+    return f"{head} VALUES " + ",".join([one] * rows) + tail
 
 
 _RUNS_HEAD = f"INSERT INTO runs ({_RUN_COLS})"
 _TAGS_HEAD = "INSERT OR IGNORE INTO run_tags (key, value, run_id)"
-_EVENTS_HEAD = f"INSERT INTO events ({_EVENT_COLS})"
+_EVENTS_HEAD = f"INSERT INTO events ({_EVENT_ROW_COLS})"
+_BLOBS_HEAD = "INSERT INTO payload_blobs (tenant, subject, digest, codec, data, size)"
+_NODES_HEAD = "INSERT INTO payload_nodes (tenant, subject, digest, parent, body)"
+# ON CONFLICT DO NOTHING skips a blob stored already, and nothing else: OR IGNORE
+# would also skip a row a NOT NULL refuses.
+_SKIP_STORED = " ON CONFLICT DO NOTHING"
 _ENDS_HEAD = f"INSERT INTO run_ends ({_END_COLS})"
 _FULL = "PRAGMA synchronous=FULL"
 _NORMAL = "PRAGMA synchronous=NORMAL"
@@ -208,6 +282,8 @@ class SQLiteStore(SQLiteAudit, EventStore):
             except OSError as exc:
                 raise store_error(exc, f"cannot create {self.url}: {exc}") from exc
         self._write_lock = threading.Lock()
+        self._tenant_cache: dict[str, str] = {}
+        self.tier = PayloadTier()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._conn = self._connect()
@@ -219,6 +295,8 @@ class SQLiteStore(SQLiteAudit, EventStore):
         except BaseException:
             self._conn.close()
             raise
+        enable_encryption(self)
+        self.cold = ColdReader(self)
 
     # -- connections -----------------------------------------------------------
 
@@ -273,6 +351,11 @@ class SQLiteStore(SQLiteAudit, EventStore):
                 if version == 1:
                     for stmt in _UPGRADE_V2:
                         c.execute(stmt)
+                if version in (1, 2):
+                    have = {r[1] for r in c.execute("PRAGMA table_info(events)")}
+                    for stmt in _UPGRADE_V3:
+                        if stmt.split()[-2] not in have:
+                            c.execute(stmt)
                 for stmt in (_SCHEMA + _triggers()).split(";\n"):
                     if stmt.strip():
                         c.execute(stmt)
@@ -325,7 +408,14 @@ class SQLiteStore(SQLiteAudit, EventStore):
             for k, v in s.metadata.items()
             if not isinstance(v, (dict, list))
         ]
-        event_rows = [event_to_row(e) for e in events]
+        tier_rows = TierRows()
+        tier = self.tier
+        if any(tier.needs_tier(e.request) or tier.needs_tier(e.response) for e in events):
+            tenants = self._tenants({e.run_id for e in events}, starts)
+            split = tier.split_events(self, events, tenants.__getitem__, tier_rows)
+            event_rows = [(*event_to_row(e), rq, rs) for e, rq, rs in split]
+        else:
+            event_rows = [(*event_to_row(e), None, None) for e in events]
         end_rows = [
             (
                 r.run_id,
@@ -364,7 +454,22 @@ class SQLiteStore(SQLiteAudit, EventStore):
                 c.execute("BEGIN IMMEDIATE")
                 _insert(c, _RUNS_HEAD, 15, run_rows)
                 _insert(c, _TAGS_HEAD, 3, tag_rows)
-                _insert(c, _EVENTS_HEAD, 20, event_rows)
+                if tier_rows:
+                    _insert(
+                        c,
+                        _BLOBS_HEAD,
+                        6,
+                        [(*split_space(b[0]), *b[1:]) for b in tier_rows.blobs.values()],
+                        _SKIP_STORED,
+                    )
+                    _insert(
+                        c,
+                        _NODES_HEAD,
+                        5,
+                        [(*split_space(n[0]), *n[1:]) for n in tier_rows.nodes.values()],
+                        _SKIP_STORED,
+                    )
+                _insert(c, _EVENTS_HEAD, 22, event_rows)
                 _insert(c, _ENDS_HEAD, 9, end_rows)
                 c.execute("COMMIT")
             except sqlite3.Error as exc:
@@ -379,6 +484,8 @@ class SQLiteStore(SQLiteAudit, EventStore):
                 ) from exc
         finally:
             lock.release()
+        if tier_rows:
+            tier.committed(tier_rows)
 
     #: A lock held by another connection is waited for at most the bound given
     #: (SQLite's busy timeout), the write lock of this object too; the rest of a
@@ -468,18 +575,328 @@ class SQLiteStore(SQLiteAudit, EventStore):
         return [run_from_row(row) for row in self._query(sql, params)]
 
     def events(self, run_id: str) -> list[Event]:
+        cold = self._archived_one(run_id)
+        if cold is not None:
+            return self.cold.events(cold)
         return self._events("WHERE run_id = ? ORDER BY seq", (run_id,))
 
     def events_until(self, run_id: str, seq: int) -> list[Event]:
+        cold = self._archived_one(run_id)
+        if cold is not None:
+            return [e for e in self.cold.events(cold) if e.seq <= seq]
         return self._events("WHERE run_id = ? AND seq <= ? ORDER BY seq", (run_id, seq))
 
     def event_at(self, run_id: str, seq: int) -> Event | None:
+        cold = self._archived_one(run_id)
+        if cold is not None:
+            return next((e for e in self.cold.events(cold) if e.seq == seq), None)
         found = self._events("WHERE run_id = ? AND seq = ?", (run_id, seq))
         return found[0] if found else None
 
+    # -- the archive index (see :mod:`replayable.store.cold`) ---------------------------
+
+    def _archived_one(self, run_id: str) -> ArchivedRun | None:
+        return self.archived_runs([run_id]).get(run_id)
+
+    def archived_runs(self, run_ids: Sequence[str]) -> dict[str, ArchivedRun]:
+        out: dict[str, ArchivedRun] = {}
+        ids = list(run_ids)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            rows = self._query(
+                "SELECT a.run_id, a.part_id, p.events_url, p.blobs_url, a.space "
+                "FROM archived_runs a JOIN archive_parts p ON p.part_id = a.part_id "
+                f"WHERE a.run_id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            )
+            out.update({r[0]: ArchivedRun(*r) for r in rows})
+        return out
+
+    def archived_ids(self) -> set[str]:
+        return {str(r[0]) for r in self._query("SELECT run_id FROM archived_runs")}
+
+    def archive_plan(self, part: ArchivePart) -> None:
+        self._write_one(
+            "INSERT INTO archive_parts VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                part.part_id,
+                part.tenant,
+                part.day,
+                orjson.dumps(part.runs).decode(),
+                part.events_url,
+                part.blobs_url,
+                part.planned_at,
+            ),
+        )
+
+    def archive_pending(self) -> list[ArchivePart]:
+        rows = self._query(
+            "SELECT part_id, tenant, day, runs, events_url, blobs_url, planned_at "
+            "FROM archive_parts p WHERE NOT EXISTS "
+            "(SELECT 1 FROM archived_runs a WHERE a.part_id = p.part_id) ORDER BY planned_at"
+        )
+        return [ArchivePart(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6]) for r in rows]
+
+    def archive_commit(self, part_id: str, runs: Sequence[tuple[str, str]], at: float) -> None:
+        with self._write_lock:
+            try:
+                self._conn.executemany(
+                    "INSERT INTO archived_runs VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    [(rid, part_id, sp, at) for rid, sp in runs],
+                )
+            except sqlite3.Error as exc:
+                raise store_error(
+                    exc, f"indexing archived runs in {self.url} failed: {exc}"
+                ) from exc
+
+    def stored_events(self, run_ids: Sequence[str]) -> list[tuple[Event, str | None, str | None]]:
+        out: list[tuple[Event, str | None, str | None]] = []
+        ids = list(run_ids)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            rows = self._query(
+                f"SELECT {_EVENT_ROW_COLS} FROM events "
+                f"WHERE run_id IN ({','.join('?' * len(chunk))}) ORDER BY run_id, seq",
+                chunk,
+            )
+            out.extend((event_from_row(r[:20]), r[20], r[21]) for r in rows)
+        return out
+
+    def run_spaces(self, run_ids: Sequence[str]) -> dict[str, str]:
+        return self._tenants(set(run_ids), ())
+
+    def drop_archived_payloads(self, run_ids: Sequence[str]) -> int:
+        """Clear the hot copies of archived runs' payloads (the owner's maintenance step):
+        only runs the archive index names; their metadata and hashes stay."""
+        archived = list(self.archived_runs(run_ids))
+        if not archived:
+            return 0
+        n = 0
+        with self._write_lock:
+            c = self._conn
+            try:
+                c.execute("BEGIN IMMEDIATE")
+                c.execute("DROP TRIGGER events_no_update")
+                for start in range(0, len(archived), 500):
+                    chunk = archived[start : start + 500]
+                    cur = c.execute(
+                        "UPDATE events SET request = 'null', response = NULL, request_ref = NULL, "
+                        "response_ref = NULL WHERE run_id IN "
+                        f"({','.join('?' * len(chunk))}) AND (request <> 'null' OR response "
+                        "IS NOT NULL OR request_ref IS NOT NULL OR response_ref IS NOT NULL)",
+                        chunk,
+                    )
+                    n += cur.rowcount
+                c.execute(
+                    "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN "
+                    "SELECT RAISE(ABORT, 'replayable: events is append-only'); END"
+                )
+                c.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise store_error(
+                    exc, f"dropping archived payloads in {self.url} failed: {exc}"
+                ) from exc
+        return n
+
+    def _write_one(self, sql: str, params: Sequence[Any]) -> None:
+        with self._write_lock:
+            try:
+                self._conn.execute(sql, params)
+            except sqlite3.Error as exc:
+                raise store_error(exc, f"writing to {self.url} failed: {exc}") from exc
+
     def _events(self, where: str, params: tuple[Any, ...]) -> list[Event]:
-        rows = self._query(f"SELECT {_EVENT_COLS} FROM events {where}", params)
-        return [event_from_row(r) for r in rows]
+        rows = self._query(f"SELECT {_EVENT_ROW_COLS} FROM events {where}", params)
+        split = [(event_from_row(r[:20]), r[20], r[21]) for r in rows]
+        if all(rq is None and rs is None for _, rq, rs in split):
+            return [e for e, _, _ in split]
+        tenants = self._tenants({e.run_id for e, _, _ in split}, ())
+        return self.tier.join_events(self, split, tenants.__getitem__)
+
+    # -- the payload tier ----------------------------------------------------------
+
+    def _tenants(self, run_ids: set[str], starts: Sequence[RunStart]) -> dict[str, str]:
+        """The tenant each run's payloads are kept under ('' for none)."""
+        found = {s.run_id: run_space(s) for s in starts}
+        cache = self._tenant_cache
+        unknown = []
+        for rid in run_ids:
+            if rid in found:
+                continue
+            t = cache.get(rid)
+            if t is None:
+                unknown.append(rid)
+            else:
+                found[rid] = t
+        for start in range(0, len(unknown), 500):
+            chunk = unknown[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for rid, tenant, subject in self._query(
+                f"SELECT run_id, tenant, json_extract(metadata, '$.{SUBJECT_KEY}') FROM runs "
+                f"WHERE run_id IN ({marks})",
+                chunk,
+            ):
+                found[rid] = cache[rid] = space(tenant, subject_text(subject))
+        for rid in run_ids:
+            found.setdefault(rid, "")
+        if len(cache) > 100_000:
+            cache.clear()
+        return found
+
+    def _in(self, sql: str, key_space: str, digests: Sequence[str]) -> list[Any]:
+        out: list[Any] = []
+        for start in range(0, len(digests), 500):
+            chunk = list(digests[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            out.extend(self._query(sql.format(marks=marks), [*split_space(key_space), *chunk]))
+        return out
+
+    def tier_nodes(self, tenant: str, digests: Sequence[str]) -> list[NodeRow]:
+        # As bytes, decoded here: an altered row may hold text that is not UTF-8, which
+        # must make its payload unreadable, not the whole read fail.
+        rows = self._in(
+            "SELECT digest, parent, CAST(body AS BLOB) FROM payload_nodes "
+            "WHERE tenant = ? AND subject = ? AND digest IN ({marks})",
+            tenant,
+            digests,
+        )
+        return [
+            NodeRow(tenant, str(r[0]), r[1], bytes(r[2] or b"").decode(errors="replace"))
+            for r in rows
+        ]
+
+    def tier_blobs(self, tenant: str, digests: Sequence[str]) -> list[BlobRow]:
+        rows = self._in(
+            "SELECT digest, codec, CAST(data AS BLOB), size FROM payload_blobs "
+            "WHERE tenant = ? AND subject = ? AND digest IN ({marks})",
+            tenant,
+            digests,
+        )
+        return [BlobRow(tenant, r[0], r[1], bytes(r[2]), r[3]) for r in rows]
+
+    def tier_dictionary(self, tenant: str, dict_id: str | None) -> tuple[str, bytes] | None:
+        if dict_id is None:
+            rows = self._query(
+                "SELECT dict_id, data FROM payload_dicts WHERE tenant = ? "
+                "ORDER BY created_at DESC, dict_id DESC LIMIT 1",
+                (tenant,),
+            )
+        else:
+            rows = self._query(
+                "SELECT dict_id, data FROM payload_dicts WHERE tenant = ? AND dict_id = ?",
+                (tenant, dict_id),
+            )
+        return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
+
+    def tier_put_dictionary(self, tenant: str, dict_id: str, data: bytes, at: float) -> None:
+        with self._write_lock:
+            try:
+                self._conn.execute(
+                    "INSERT INTO payload_dicts VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (tenant, dict_id, at, data),
+                )
+            except sqlite3.Error as exc:
+                raise store_error(exc, f"writing a dictionary to {self.url} failed: {exc}") from exc
+        self.tier.forget_dictionaries()
+
+    def tier_sample(self, tenant: str, limit: int) -> list[BlobRow]:
+        rows = self._query(
+            "SELECT tenant, subject, digest, codec, CAST(data AS BLOB), size FROM payload_blobs "
+            "WHERE tenant = ? ORDER BY digest LIMIT ?",
+            (tenant, limit),
+        )
+        return [BlobRow(space(r[0], r[1]), r[2], r[3], bytes(r[4]), r[5]) for r in rows]
+
+    def tier_stats(self) -> TierStats:
+        b = self._query(
+            "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(length(data)), 0) "
+            "FROM payload_blobs"
+        )[0]
+        n = self._query(
+            "SELECT count(*), coalesce(sum(length(digest) + coalesce(length(parent), 0) "
+            "+ length(body)), 0) FROM payload_nodes"
+        )[0]
+        return TierStats(int(b[0]), int(b[1]), int(b[2]), int(n[0]), int(n[1]))
+
+    def tier_tenants(self) -> list[str]:
+        return [str(r[0]) for r in self._query("SELECT DISTINCT tenant FROM payload_blobs")]
+
+    # -- data keys --------------------------------------------------------------------
+
+    def key_rows(self, tenant: str, subject: str | None) -> list[KeyRow]:
+        sql = "SELECT tenant, subject, key_id, kek_id, wrapped, created_at FROM data_keys "
+        if subject is None:
+            return key_rows_for(self._query(sql + "WHERE tenant = ?", (tenant,)))
+        return key_rows_for(
+            self._query(sql + "WHERE tenant = ? AND subject = ?", (tenant, subject))
+        )
+
+    def all_key_rows(self) -> list[KeyRow]:
+        return key_rows_for(
+            self._query(
+                "SELECT tenant, subject, key_id, kek_id, wrapped, created_at FROM data_keys"
+            )
+        )
+
+    def put_key_rows(self, rows: Sequence[KeyRow]) -> None:
+        with self._write_lock:
+            try:
+                self._conn.executemany(
+                    "INSERT INTO data_keys VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    [tuple(r) for r in rows],
+                )
+            except sqlite3.Error as exc:
+                raise store_error(exc, f"writing a data key to {self.url} failed: {exc}") from exc
+
+    def erase_keys(self, tenant: str, subject: str | None, by: str, at: float) -> list[str]:
+        """Destroy the data keys of a tenant (every subject) or of one subject, and record
+        it. The file's owner is the maintenance role of an SQLite store."""
+        where, params = "tenant = ?", [tenant]
+        if subject is not None:
+            where += " AND subject = ?"
+            params.append(subject)
+        with self._write_lock:
+            c = self._conn
+            try:
+                # Overwrite the deleted bytes on disk, not only unlink them from the tree.
+                c.execute("PRAGMA secure_delete = ON")
+                c.execute("BEGIN IMMEDIATE")
+                ids = sorted(
+                    {
+                        str(r[0])
+                        for r in c.execute(f"SELECT key_id FROM data_keys WHERE {where}", params)
+                    }
+                )
+                c.execute("DROP TRIGGER data_keys_no_delete")
+                c.execute(f"DELETE FROM data_keys WHERE {where}", params)
+                c.execute(
+                    "CREATE TRIGGER data_keys_no_delete BEFORE DELETE ON data_keys BEGIN "
+                    "SELECT RAISE(ABORT, 'replayable: data_keys is append-only'); END"
+                )
+                c.execute(
+                    "INSERT INTO erasures VALUES (?, ?, ?, ?, ?, ?)",
+                    (str(uuid.uuid4()), tenant, subject, at, by, orjson.dumps(ids).decode()),
+                )
+                c.execute("COMMIT")
+                if not self._memory:
+                    c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise store_error(exc, f"erasing data keys in {self.url} failed: {exc}") from exc
+            finally:
+                c.execute("PRAGMA secure_delete = OFF")
+        return ids
+
+    def erasures(self, tenant: str) -> list[ErasureRow]:
+        rows = self._query(
+            "SELECT tenant, subject, erased_at, erased_by, key_ids FROM erasures "
+            "WHERE tenant = ? ORDER BY erased_at",
+            (tenant,),
+        )
+        return [ErasureRow(r[0], r[1], r[2], r[3], tuple(orjson.loads(r[4]))) for r in rows]
 
     def iter_run_ids(self) -> Iterator[str]:
         rows = self._query("SELECT run_id FROM runs ORDER BY started_at, run_id")

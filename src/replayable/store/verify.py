@@ -284,9 +284,11 @@ def _walk(run_id: str, key: ChainKey | None, events: list[Event], f: _Findings) 
     prev = genesis(key, run_id)
     ordered = sorted(events, key=lambda e: e.chain_index)
     for position, event in enumerate(ordered):
-        if event.problems:
+        if event.problems and not _only_erased(event):
             f.add("altered", f"unreadable column {event.problems[0]}", event.seq)
             return prev, position
+        # An erased payload's sha256 stands in for it in the hash: the link is checked
+        # as for any other event.
         if event.chain_index != position:
             f.add(
                 "altered",
@@ -305,9 +307,15 @@ def _walk(run_id: str, key: ChainKey | None, events: list[Event], f: _Findings) 
     return prev, len(ordered)
 
 
+def _only_erased(event: Event) -> bool:
+    """Whether every problem of ``event`` is an erased payload (by design, not damage)."""
+    notice = event.erased
+    return notice is not None and all(p.endswith(notice) for p in event.problems)
+
+
 def seq_gaps(events: Iterable[Event]) -> list[tuple[int, int]]:
     """The ranges of seq numbers missing between 1 and the highest stored (readable) one."""
-    seqs = sorted(e.seq for e in events if not e.problems)
+    seqs = sorted(e.seq for e in events if not e.problems or _only_erased(e))
     gaps: list[tuple[int, int]] = []
     expected = 1
     for seq in seqs:
@@ -375,7 +383,7 @@ def _check_anchor(run: Run, events: list[Event], a: AnchoredRun, f: _Findings) -
             f.add("altered", "the chain label differs from the one the anchor recorded")
         elif a.start.get("digest") != start_digest(run.start):
             f.add("altered", "the start record differs from the one the anchor recorded")
-    by_position = {e.chain_index: e for e in events if not e.problems}
+    by_position = {e.chain_index: e for e in events if not e.problems or _only_erased(e)}
     if a.head_count > len(events):
         f.add(
             "truncated",

@@ -13,6 +13,7 @@ it happens here, on the writer's side: the agent's hot path does no crypto.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
 from collections.abc import Iterable
@@ -35,7 +36,7 @@ from replayable.events.chain import (
     seal_message,
 )
 from replayable.events.codec import encode_request
-from replayable.events.model import SCHEMA_VERSION, Event, RunEnd, RunStart
+from replayable.events.model import EVENT_SCHEMA_VERSION, Event, RunEnd, RunStart
 from replayable.events.redaction import Redactor
 from replayable.store.integrity import Integrity, anchor_entry, start_anchor_fields
 
@@ -281,16 +282,17 @@ class Linker:
                     key,
                     parent,
                     call_site,
-                    request,
+                    # Version 2 events hash their payloads' sha256 (canonical.event_fields).
+                    hashlib.sha256(req).hexdigest(),
                     fp,
-                    response,
+                    None if resp is None else hashlib.sha256(resp).hexdigest(),
                     encoding,
                     error,
                     side_effect,
                     started_at,
                     duration_ns,
                     metadata,
-                    SCHEMA_VERSION,
+                    EVENT_SCHEMA_VERSION,
                 ),
                 option=orjson.OPT_SORT_KEYS,
             ),

@@ -423,7 +423,7 @@ class PostgresAudit:
                 raise_store_error(exc, self.target, "reading")
 
     def events_of(self, run_ids: Sequence[str]) -> dict[str, list[Event]]:
-        from replayable.store.postgres._store import _EVENT_COLS, _is_uuid
+        from replayable.store.postgres._store import _EVENT_ROW_COLS, _is_uuid
 
         out: dict[str, list[Event]] = {r: [] for r in run_ids}
         valid = [r for r in out if _is_uuid(r)]
@@ -431,12 +431,17 @@ class PostgresAudit:
             # Ordered by the table's columns, not the selected ``run_id::text``: the
             # (run_id, sequence) index then delivers the rows in order, with no sort.
             rows = self._scan_query(
-                f"SELECT {_EVENT_COLS} FROM agent_execution_events v "
+                f"SELECT {_EVENT_ROW_COLS} FROM agent_execution_events v "
                 "WHERE v.run_id = ANY(%s::uuid[]) ORDER BY v.run_id, v.sequence",
                 (valid,),
             )
+            # Payloads in the blob tier are joined back by the store.
+            tiered = {row[0] for row in rows if row[20] is not None or row[21] is not None}
             for row in rows:
-                out[row[0]].append(scan_event_from_row(row))
+                if row[0] not in tiered:
+                    out[row[0]].append(scan_event_from_row(row[:20]))
+            for run_id in tiered:
+                out[run_id] = self.events(run_id)  # type: ignore[attr-defined]
         return out
 
     def run_summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:

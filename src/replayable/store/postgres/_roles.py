@@ -26,12 +26,20 @@ from psycopg import sql
 
 from replayable.errors import ConfigurationError
 from replayable.store.postgres._audit import grant_audit
-from replayable.store.postgres._schema import APPEND_ONLY_TABLES, LOG_TABLES, valid_identifier
+from replayable.store.postgres._schema import (
+    APPEND_ONLY_TABLES,
+    LOG_TABLES,
+    TIER_TABLES,
+    valid_identifier,
+)
 
 __all__ = ["Roles", "init_roles"]
 
 #: The procedures only the maintenance role may call, owned by the steward.
-MAINTENANCE_PROCEDURES = ("purge_payloads(UUID)",)
+MAINTENANCE_PROCEDURES = (
+    "purge_payloads(UUID)",
+    "erase_data_keys(TEXT, TEXT, DOUBLE PRECISION)",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +116,9 @@ def init_roles(
     def tables(names: tuple[str, ...]) -> sql.Composable:
         return sql.SQL(", ").join(sql.SQL("{}.{}").format(s, sql.Identifier(t)) for t in names)
 
-    everything = tables((*APPEND_ONLY_TABLES, "schema_version", "store_info", "tenant_members"))
+    everything = tables(
+        (*APPEND_ONLY_TABLES, *TIER_TABLES, "schema_version", "store_info", "tenant_members")
+    )
     members = tables(("tenant_members",))
     with conn.transaction():
         for name in roles.logins:
@@ -118,13 +128,22 @@ def init_roles(
             sql.SQL("REVOKE ALL ON {} FROM {}").format(everything, everyone),
             sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(s, readers),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, everyone),
-            sql.SQL("GRANT SELECT ON {} TO {}").format(tables(LOG_TABLES), everyone),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(
+                tables((*LOG_TABLES, *TIER_TABLES)), everyone
+            ),
             sql.SQL("GRANT SELECT ON {} TO {}").format(
                 tables(("schema_version", "store_info")), everyone
             ),
-            sql.SQL("GRANT INSERT ON {} TO {}").format(tables(APPEND_ONLY_TABLES), w),
+            # Erasure records are the steward's to write (through erase_data_keys).
+            sql.SQL("GRANT INSERT ON {} TO {}").format(
+                tables((*APPEND_ONLY_TABLES, *(t for t in TIER_TABLES if t != "erasures"))), w
+            ),
+            sql.SQL("GRANT INSERT ON {} TO {}").format(tables(("data_keys",)), m),
+            sql.SQL("GRANT INSERT ON {} TO {}").format(tables(("erasures",)), st),
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(members, ad),
-            sql.SQL("GRANT UPDATE, DELETE ON {} TO {}").format(tables(LOG_TABLES), st),
+            sql.SQL("GRANT UPDATE, DELETE ON {} TO {}").format(
+                tables((*LOG_TABLES, *TIER_TABLES)), st
+            ),
             # ALTER … OWNER TO needs the new owner to hold CREATE on the schema;
             # nobody can act as the steward but through its own procedures.
             sql.SQL("GRANT CREATE ON SCHEMA {} TO {}").format(s, st),

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from replayable.errors import SchemaVersionError
 from replayable.store.postgres._audit import AUDIT_KEYED, audit_migration
-from replayable.store.postgres._tenancy import V2_TENANCY
+from replayable.store.postgres._tenancy import V2_TENANCY, tenant_policy
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "current_version", "upgrade", "valid_identifier"]
 
@@ -202,6 +202,104 @@ _V4_CHAIN: Final = [
     "REVOKE ALL ON {s}.store_info FROM PUBLIC",
 ]
 
+#: The payload tier's tables (migration 6): append-only, under the tenant policy.
+TIER_TABLES: Final = ("payload_blobs", "payload_nodes", "payload_dicts", "data_keys", "erasures")
+
+
+def _tier_migration() -> list[str]:
+    out = [
+        "ALTER TABLE {s}.agent_execution_events ADD COLUMN request_ref TEXT, "
+        "ADD COLUMN response_ref TEXT",
+        """
+        CREATE TABLE {s}.payload_blobs (
+            tenant     TEXT NOT NULL,
+            subject    TEXT NOT NULL,
+            digest     TEXT NOT NULL,
+            codec      TEXT NOT NULL,
+            size       INTEGER NOT NULL,
+            data       BYTEA NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (tenant, subject, digest)
+        )
+        """,
+        """
+        CREATE TABLE {s}.payload_nodes (
+            tenant  TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            digest  TEXT NOT NULL,
+            parent  TEXT,
+            body    TEXT NOT NULL,
+            PRIMARY KEY (tenant, subject, digest)
+        )
+        """,
+        """
+        CREATE TABLE {s}.payload_dicts (
+            tenant     TEXT NOT NULL,
+            dict_id    TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            data       BYTEA NOT NULL,
+            PRIMARY KEY (tenant, dict_id)
+        )
+        """,
+        """
+        CREATE TABLE {s}.data_keys (
+            tenant     TEXT NOT NULL,
+            subject    TEXT NOT NULL,
+            key_id     TEXT NOT NULL,
+            kek_id     TEXT NOT NULL,
+            wrapped    BYTEA NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (tenant, subject, key_id, kek_id)
+        )
+        """,
+        """
+        CREATE TABLE {s}.erasures (
+            erasure_id UUID PRIMARY KEY DEFAULT gen_random_uuid(),
+            tenant     TEXT NOT NULL,
+            subject    TEXT,
+            erased_at  DOUBLE PRECISION NOT NULL,
+            erased_by  TEXT NOT NULL,
+            key_ids    TEXT[] NOT NULL
+        )
+        """,
+        # Crypto-shredding: the one path that deletes data keys. It runs as the
+        # steward (SECURITY DEFINER, EXECUTE granted to the maintenance role only),
+        # checks the session may write the tenant, and records who erased what.
+        """
+        CREATE FUNCTION {s}.erase_data_keys(p_tenant TEXT, p_subject TEXT, p_at DOUBLE PRECISION)
+        RETURNS TEXT[]
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+        DECLARE ids TEXT[];
+        BEGIN
+            IF NOT p_tenant = ANY ({s}.session_tenants(true)) THEN
+                RAISE EXCEPTION 'replayable: % may not erase data keys of tenant %',
+                    session_user, quote_literal(p_tenant) USING ERRCODE = '42501';
+            END IF;
+            WITH gone AS (
+                DELETE FROM {s}.data_keys
+                 WHERE tenant = p_tenant AND (p_subject IS NULL OR subject = p_subject)
+                RETURNING key_id
+            )
+            SELECT COALESCE(array_agg(DISTINCT key_id ORDER BY key_id), '{{}}') INTO ids FROM gone;
+            INSERT INTO {s}.erasures (tenant, subject, erased_at, erased_by, key_ids)
+            VALUES (p_tenant, p_subject, p_at, session_user, ids);
+            RETURN ids;
+        END $$
+        """,
+        "REVOKE ALL ON FUNCTION {s}.erase_data_keys(TEXT, TEXT, DOUBLE PRECISION) FROM PUBLIC",
+    ]
+    for table in TIER_TABLES:
+        out += [
+            f"REVOKE ALL ON {{s}}.{table} FROM PUBLIC",
+            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {{s}}.{table} "
+            "FOR EACH ROW EXECUTE FUNCTION {s}.refuse_change()",
+            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {{s}}.{table} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse_change()",
+            *tenant_policy(table, "tenant"),
+        ]
+    return out
+
+
 #: Migration n (1-based) brings a database from version n-1 to n.
 MIGRATIONS: Final[list[list[str]]] = [
     _V1 + _v1_guards(),
@@ -209,6 +307,7 @@ MIGRATIONS: Final[list[list[str]]] = [
     audit_migration(),
     _V4_CHAIN,
     AUDIT_KEYED,
+    _tier_migration(),
 ]
 LATEST_VERSION: Final = len(MIGRATIONS)
 

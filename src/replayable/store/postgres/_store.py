@@ -18,6 +18,18 @@ import psycopg
 from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store.base import EventStore, RunFilter, tag_value
+from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption, key_rows_for
+from replayable.store.payloads import (
+    SUBJECT_KEY,
+    BlobRow,
+    NodeRow,
+    PayloadTier,
+    TierRows,
+    TierStats,
+    space,
+    split_space,
+    subject_text,
+)
 from replayable.store.postgres._audit import PostgresAudit
 from replayable.store.postgres._connect import connect, parse_url, raise_store_error
 from replayable.store.postgres._schema import LATEST_VERSION, check_version, current_version
@@ -40,10 +52,13 @@ _EVENT_COLS = (
     "fingerprint, response_text, encoding, error_text, side_effect, timestamp_utc, "
     "duration_ns, metadata_text, chain_index, prev_hash, hash, schema_version"
 )
+#: The event columns and the references of payloads in the blob tier.
+_EVENT_ROW_COLS = _EVENT_COLS + ", request_ref, response_ref"
 _STAGE_COLS = (
     "run_id, parent_run_id, sequence, event_type, name, key, parent, call_site, request_text, "
     "fingerprint, response_text, encoding, error_text, side_effect, timestamp_utc, duration_ns, "
-    "metadata_text, chain_index, prev_hash, hash, schema_version, tenant"
+    "metadata_text, chain_index, prev_hash, hash, schema_version, tenant, request_ref, "
+    "response_ref"
 )
 _STAGE_TABLE = """
 CREATE TEMP TABLE IF NOT EXISTS replayable_stage_events (
@@ -51,7 +66,7 @@ CREATE TEMP TABLE IF NOT EXISTS replayable_stage_events (
     parent INTEGER, call_site TEXT, request_text TEXT, fingerprint TEXT, response_text TEXT,
     encoding TEXT, error_text TEXT, side_effect BOOLEAN, timestamp_utc DOUBLE PRECISION,
     duration_ns BIGINT, metadata_text TEXT, chain_index INTEGER, prev_hash TEXT, hash TEXT,
-    schema_version INTEGER, tenant TEXT
+    schema_version INTEGER, tenant TEXT, request_ref TEXT, response_ref TEXT
 ) ON COMMIT DELETE ROWS
 """
 _INSERT_RUN = (
@@ -132,6 +147,8 @@ class PostgresStore(PostgresAudit, EventStore):
         self._write_conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._read_conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._run_info: dict[str, tuple[str | None, str | None]] = {}
+        self.tier = PayloadTier()
+        self._space_cache: dict[str, str] = {}
         self._staged = False
         self._direct: bool | None = None
         self._closed = False
@@ -139,6 +156,7 @@ class PostgresStore(PostgresAudit, EventStore):
             self._prepare_schema()
             if self.tenant is None:
                 self.tenant = self._only_writable_tenant()
+            enable_encryption(self)
         except BaseException:
             self.close()
             raise
@@ -250,6 +268,14 @@ class PostgresStore(PostgresAudit, EventStore):
                 [self.tenant, starts, [(e.run_id, e.seq, e.hash) for e in events], ends]
             )
         ).hexdigest()
+        tier_rows = TierRows()
+        tier = self.tier
+        split: list[tuple[Event, str | None, str | None]]
+        if any(tier.needs_tier(e.request) or tier.needs_tier(e.response) for e in events):
+            tenants = self._tier_tenants({e.run_id for e in events}, starts)
+            split = tier.split_events(self, events, tenants.__getitem__, tier_rows)
+        else:
+            split = [(e, None, None) for e in events]
         with self._write_lock:
             conn = self._conn(write=True)
             try:
@@ -266,14 +292,18 @@ class PostgresStore(PostgresAudit, EventStore):
                     with conn.cursor() as c:
                         if run_rows:
                             c.executemany(_INSERT_RUN, run_rows)
+                        if tier_rows:
+                            self._insert_tier(c, tier_rows)
                         if events:
-                            self._copy_events(conn, c, starts, events)
+                            self._copy_events(conn, c, starts, split)
                         if ends:
                             c.executemany(_INSERT_END, [self._end_row(r) for r in ends])
             except psycopg.Error as exc:
                 raise_store_error(exc, self.target, "writing a batch")
         for s in starts:
             self._remember(s.run_id, self._access_tenant(s), s.parent_run_id)
+        if tier_rows:
+            tier.committed(tier_rows)
 
     def _batch_tenant(
         self, starts: Sequence[RunStart], events: Sequence[Event], ends: Sequence[RunEnd]
@@ -353,12 +383,12 @@ class PostgresStore(PostgresAudit, EventStore):
         conn: psycopg.Connection[tuple[Any, ...]],
         cur: psycopg.Cursor[tuple[Any, ...]],
         starts: Sequence[RunStart],
-        events: Sequence[Event],
+        events: Sequence[tuple[Event, str | None, str | None]],
     ) -> None:
         info = dict(self._run_info)
         for s in starts:
             info[s.run_id] = (self._access_tenant(s), s.parent_run_id)
-        unknown = list({e.run_id for e in events if e.run_id not in info})
+        unknown = list({e.run_id for e, _, _ in events if e.run_id not in info})
         if unknown:
             found = cur.execute(
                 "SELECT run_id::text, tenant, parent_run_id::text FROM runs "
@@ -387,7 +417,7 @@ class PostgresStore(PostgresAudit, EventStore):
         table = "agent_execution_events" if self._direct else "replayable_stage_events"
         with cur.copy(f"COPY {table} ({_STAGE_COLS}) FROM STDIN") as copy:
             write = copy.write_row
-            for e in events:
+            for e, request_ref, response_ref in events:
                 tenant, parent_run = info.get(e.run_id, missing)
                 write(
                     (
@@ -413,6 +443,8 @@ class PostgresStore(PostgresAudit, EventStore):
                         e.hash,
                         e.schema_version,
                         tenant,
+                        request_ref,
+                        response_ref,
                     )
                 )
         if not self._direct:
@@ -420,6 +452,189 @@ class PostgresStore(PostgresAudit, EventStore):
                 f"INSERT INTO agent_execution_events ({_STAGE_COLS}) "
                 f"SELECT {_STAGE_COLS} FROM replayable_stage_events"
             )
+
+    # -- the payload tier ----------------------------------------------------------
+
+    def _tier_tenants(self, run_ids: set[str], starts: Sequence[RunStart]) -> dict[str, str]:
+        """The tenant each run's payloads are kept under ('' for none)."""
+        found = {
+            s.run_id: space(self._access_tenant(s), subject_text(s.metadata.get(SUBJECT_KEY)))
+            for s in starts
+        }
+        cache = self._space_cache
+        unknown = []
+        for rid in run_ids - found.keys():
+            known = cache.get(rid)
+            if known is None:
+                unknown.append(rid)
+            else:
+                found[rid] = known
+        valid = [r for r in unknown if _is_uuid(r)]
+        if valid:
+            rows = self.query(
+                f"SELECT run_id::text, tenant, metadata->'{SUBJECT_KEY}' FROM runs "
+                "WHERE run_id = ANY(%s::uuid[])",
+                (valid,),
+            )
+            if len(cache) > 100_000:
+                cache.clear()
+            for rid, tenant, subject in rows:
+                found[rid] = cache[rid] = space(tenant, subject_text(subject))
+        for rid in run_ids:
+            found.setdefault(rid, self.tenant or "")
+        return found
+
+    def _insert_tier(self, cur: psycopg.Cursor[tuple[Any, ...]], rows: TierRows) -> None:
+        if rows.blobs:
+            blobs = list(rows.blobs.values())
+            cur.execute(
+                "INSERT INTO payload_blobs (tenant, subject, digest, codec, size, data) "
+                "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], "
+                "%s::bytea[]) ON CONFLICT DO NOTHING",
+                (
+                    [split_space(b.tenant)[0] for b in blobs],
+                    [split_space(b.tenant)[1] for b in blobs],
+                    [b.digest for b in blobs],
+                    [b.codec for b in blobs],
+                    [b.size for b in blobs],
+                    [b.data for b in blobs],
+                ),
+            )
+        if rows.nodes:
+            nodes = list(rows.nodes.values())
+            cur.execute(
+                "INSERT INTO payload_nodes (tenant, subject, digest, parent, body) "
+                "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], "
+                "%s::text[]) ON CONFLICT DO NOTHING",
+                (
+                    [split_space(n.tenant)[0] for n in nodes],
+                    [split_space(n.tenant)[1] for n in nodes],
+                    [n.digest for n in nodes],
+                    [n.parent for n in nodes],
+                    [n.body for n in nodes],
+                ),
+            )
+
+    def tier_nodes(self, tenant: str, digests: Sequence[str]) -> list[NodeRow]:
+        rows = self.query(
+            "SELECT digest, parent, body FROM payload_nodes "
+            "WHERE tenant = %s AND subject = %s AND digest = ANY(%s::text[])",
+            (*split_space(tenant), list(digests)),
+        )
+        return [NodeRow(tenant, *r) for r in rows]
+
+    def tier_blobs(self, tenant: str, digests: Sequence[str]) -> list[BlobRow]:
+        rows = self.query(
+            "SELECT digest, codec, data, size FROM payload_blobs "
+            "WHERE tenant = %s AND subject = %s AND digest = ANY(%s::text[])",
+            (*split_space(tenant), list(digests)),
+        )
+        return [BlobRow(tenant, r[0], r[1], bytes(r[2]), r[3]) for r in rows]
+
+    def tier_dictionary(self, tenant: str, dict_id: str | None) -> tuple[str, bytes] | None:
+        if dict_id is None:
+            rows = self.query(
+                "SELECT dict_id, data FROM payload_dicts WHERE tenant = %s "
+                "ORDER BY created_at DESC, dict_id DESC LIMIT 1",
+                (tenant,),
+            )
+        else:
+            rows = self.query(
+                "SELECT dict_id, data FROM payload_dicts WHERE tenant = %s AND dict_id = %s",
+                (tenant, dict_id),
+            )
+        return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
+
+    def tier_put_dictionary(self, tenant: str, dict_id: str, data: bytes, at: float) -> None:
+        with self._write_lock:
+            try:
+                self._conn(write=True).execute(
+                    "INSERT INTO payload_dicts (tenant, dict_id, created_at, data) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (tenant, dict_id, at, data),
+                )
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "writing a dictionary")
+        self.tier.forget_dictionaries()
+
+    def tier_sample(self, tenant: str, limit: int) -> list[BlobRow]:
+        rows = self.query(
+            "SELECT tenant, subject, digest, codec, data, size FROM payload_blobs "
+            "WHERE tenant = %s ORDER BY digest LIMIT %s",
+            (tenant, limit),
+        )
+        return [BlobRow(space(r[0], r[1]), r[2], r[3], bytes(r[4]), r[5]) for r in rows]
+
+    def tier_stats(self) -> TierStats:
+        b = self.query(
+            "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(length(data)), 0) "
+            "FROM payload_blobs"
+        )[0]
+        n = self.query(
+            "SELECT count(*), coalesce(sum(length(digest) + coalesce(length(parent), 0) "
+            "+ length(body)), 0) FROM payload_nodes"
+        )[0]
+        return TierStats(int(b[0]), int(b[1]), int(b[2]), int(n[0]), int(n[1]))
+
+    def tier_tenants(self) -> list[str]:
+        return [str(r[0]) for r in self.query("SELECT DISTINCT tenant FROM payload_blobs")]
+
+    # -- data keys --------------------------------------------------------------------
+
+    def key_rows(self, tenant: str, subject: str | None) -> list[KeyRow]:
+        sql = "SELECT tenant, subject, key_id, kek_id, wrapped, created_at FROM data_keys "
+        if subject is None:
+            return key_rows_for(self.query(sql + "WHERE tenant = %s", (tenant,)))
+        return key_rows_for(
+            self.query(sql + "WHERE tenant = %s AND subject = %s", (tenant, subject))
+        )
+
+    def all_key_rows(self) -> list[KeyRow]:
+        return key_rows_for(
+            self.query("SELECT tenant, subject, key_id, kek_id, wrapped, created_at FROM data_keys")
+        )
+
+    def put_key_rows(self, rows: Sequence[KeyRow]) -> None:
+        with self._write_lock:
+            try:
+                with self._conn(write=True).cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO data_keys (tenant, subject, key_id, kek_id, wrapped, "
+                        "created_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        [tuple(r) for r in rows],
+                    )
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "writing a data key")
+
+    def erase_keys(self, tenant: str, subject: str | None, by: str, at: float) -> list[str]:
+        """Through ``erase_data_keys``: the maintenance role's, recorded under its login
+        (``by`` is not trusted here: the database names the session user)."""
+        with self._write_lock:
+            try:
+                row = (
+                    self._conn(write=True)
+                    .execute("SELECT erase_data_keys(%s, %s, %s)", (tenant, subject, at))
+                    .fetchone()
+                )
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "erasing data keys")
+        return list(row[0]) if row else []
+
+    def erasures(self, tenant: str) -> list[ErasureRow]:
+        rows = self.query(
+            "SELECT tenant, subject, erased_at, erased_by, key_ids FROM erasures "
+            "WHERE tenant = %s ORDER BY erased_at",
+            (tenant,),
+        )
+        return [ErasureRow(r[0], r[1], r[2], r[3], tuple(r[4])) for r in rows]
+
+    def joined(self, rows: Sequence[Sequence[Any]]) -> list[Event]:
+        """Events from rows of the event columns and the two references, payloads joined."""
+        split = [(event_from_row(r[:20]), r[20], r[21]) for r in rows]
+        if all(rq is None and rs is None for _, rq, rs in split):
+            return [e for e, _, _ in split]
+        tenants = self._tier_tenants({e.run_id for e, _, _ in split}, ())
+        return self.tier.join_events(self, split, tenants.__getitem__)
 
     def put_blob(self, digest: str, data: bytes) -> None:
         with self._write_lock:
@@ -510,19 +725,21 @@ class PostgresStore(PostgresAudit, EventStore):
         if not _is_uuid(run_id):
             return []
         rows = self.query(
-            f"SELECT {_EVENT_COLS} FROM agent_execution_events WHERE run_id = %s ORDER BY sequence",
+            f"SELECT {_EVENT_ROW_COLS} FROM agent_execution_events WHERE run_id = %s "
+            "ORDER BY sequence",
             (run_id,),
         )
-        return [event_from_row(r) for r in rows]
+        return self.joined(rows)
 
     def event_at(self, run_id: str, seq: int) -> Event | None:
         if not _is_uuid(run_id):
             return None
         rows = self.query(
-            f"SELECT {_EVENT_COLS} FROM agent_execution_events WHERE run_id = %s AND sequence = %s",
+            f"SELECT {_EVENT_ROW_COLS} FROM agent_execution_events "
+            "WHERE run_id = %s AND sequence = %s",
             (run_id, seq),
         )
-        return event_from_row(rows[0]) if rows else None
+        return self.joined(rows)[0] if rows else None
 
     def iter_run_ids(self) -> Iterator[str]:
         rows = self.query("SELECT run_id::text FROM runs ORDER BY started_at, run_id")

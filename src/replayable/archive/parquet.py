@@ -1,0 +1,329 @@
+"""``replayable archive``: move finished runs' payloads to Parquet on any fsspec filesystem.
+
+Layout under the destination (a local directory, ``s3://bucket/prefix``, …)::
+
+    events/tenant=<T>/date=<YYYY-MM-DD>/part-<id>.parquet   event rows, sorted by run, seq
+    blobs/tenant=<T>/date=<YYYY-MM-DD>/part-<id>.parquet    the blob-tier rows they need
+
+Both zstd-compressed; event row groups are cut at run boundaries near
+:data:`ROW_GROUP_ROWS` rows, so reading one run reads one or two row groups.
+Blobs are copied as stored: still compressed, still encrypted under their
+data keys (erasing a key erases archived payloads too).
+
+The job is restartable. A part is *planned* in the store (its runs fixed,
+its id derived from them) before its files are written, and its runs are
+*indexed* once both files are complete; then the hot copies of the payloads
+are dropped through the maintenance path. A rerun after a crash first
+finishes the planned parts, writing the same files again, so nothing is lost
+and no run is archived twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from replayable.errors import ConfigurationError
+from replayable.store.base import EventStore, RunFilter
+from replayable.store.cold import EVENT_FIELDS, ArchivePart, filesystem
+from replayable.store.payloads import BlobRow, NodeRow, reachable
+
+__all__ = ["ArchiveReport", "RetentionPolicy", "archive", "parse_age"]
+
+#: Event rows per row group (cut at the next run boundary).
+ROW_GROUP_ROWS: Final = 16_384
+#: Most events in one part file (cut at a run boundary).
+PART_EVENTS: Final = 500_000
+DAY: Final = 86_400.0
+
+
+def parse_age(text: str) -> float:
+    """Seconds in ``30d``, ``12h``, ``90m``, ``45s`` or ``2w``."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if not m:
+        raise ConfigurationError(f"age {text!r} must be a number and a unit: 30d, 12h, 90m, 2w")
+    unit = {"s": 1, "m": 60, "h": 3600, "d": DAY, "w": 7 * DAY}[m.group(2)]
+    return float(m.group(1)) * unit
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long payloads stay hot (days) and archived (years), per workflow.
+
+    From ``[tool.replayable.retention]`` in pyproject.toml::
+
+        [tool.replayable.retention]
+        hot_days = 30
+        archive_years = 7
+        [tool.replayable.retention.workflows.triage]
+        hot_days = 7
+    """
+
+    hot_days: float = 30.0
+    archive_years: float = 7.0
+    workflows: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> RetentionPolicy:
+        section = config.get("retention", {})
+        if not isinstance(section, dict):
+            raise ConfigurationError("[tool.replayable.retention] must be a table")
+        where = "[tool.replayable.retention]"
+
+        def number(table: dict[str, Any], key: str, default: float, at: str) -> float:
+            value = table.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigurationError(f"{at} {key} must be a non-negative number, not {value!r}")
+            return float(value)
+
+        flows: dict[str, dict[str, float]] = {}
+        for name, table in (section.get("workflows") or {}).items():
+            if not isinstance(table, dict):
+                raise ConfigurationError(f"{where} workflows.{name} must be a table")
+            at = f"{where} workflows.{name}"
+            flows[name] = {
+                k: number(table, k, 0.0, at) for k in ("hot_days", "archive_years") if k in table
+            }
+        return cls(
+            number(section, "hot_days", 30.0, where),
+            number(section, "archive_years", 7.0, where),
+            flows,
+        )
+
+    def hot_seconds(self, workflow: str) -> float:
+        return self.workflows.get(workflow, {}).get("hot_days", self.hot_days) * DAY
+
+
+@dataclass
+class ArchiveReport:
+    parts: int = 0
+    runs: int = 0
+    events: int = 0
+    resumed: int = 0
+    dropped: int = 0
+    seconds: float = 0.0
+    urls: list[str] = field(default_factory=list)
+
+
+def _part_id(tenant: str, day: str, run_ids: Sequence[str]) -> str:
+    h = hashlib.sha256(f"{tenant}\x00{day}\x00".encode())
+    h.update("\x00".join(run_ids).encode())
+    return h.hexdigest()[:24]
+
+
+def _join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def _partition(tenant: str) -> str:
+    # Hive-style partition values: keep them to safe characters.
+    return re.sub(r"[^A-Za-z0-9._-]", lambda m: f"%{ord(m.group()):02X}", tenant) or "_"
+
+
+def archive(
+    store: EventStore,
+    dest: str,
+    *,
+    older_than: float | None = None,
+    policy: RetentionPolicy | None = None,
+    now: float | None = None,
+    part_runs: int = 2_000,
+    drop: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> ArchiveReport:
+    """Archive the finished runs started more than ``older_than`` seconds ago (else as the
+    retention ``policy`` says per workflow) to ``dest``; see the module docs."""
+    t0 = time.perf_counter()
+    now = time.time() if now is None else now
+    policy = policy or RetentionPolicy()
+    report = ArchiveReport()
+    say = progress or (lambda _line: None)
+    for part in store.archive_pending():
+        _write_part(store, part)
+        _commit(store, part)
+        report.resumed += 1
+        report.parts += 1
+        report.runs += len(part.runs)
+        say(f"resumed part {part.part_id}: {len(part.runs)} run(s)")
+    done = store.archived_ids()
+    groups: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for run in store.list_runs(RunFilter(limit=None)):
+        if run.end is None or run.run_id in done:
+            continue
+        age = older_than if older_than is not None else policy.hot_seconds(run.workflow)
+        if run.started_at > now - age:
+            continue
+        day = dt.datetime.fromtimestamp(run.started_at, dt.UTC).strftime("%Y-%m-%d")
+        tenant = store.row_tenant(run.start) or ""
+        groups.setdefault((tenant, day), []).append((run.run_id, run.end.event_count))
+    for (tenant, day), runs in sorted(groups.items()):
+        runs.sort()
+        chunk: list[str] = []
+        events = 0
+        for run_id, count in [*runs, ("", 0)]:
+            full = len(chunk) >= part_runs or events + count > PART_EVENTS
+            if chunk and (not run_id or full):
+                part = _plan(store, dest, tenant, day, chunk, now)
+                n = _write_part(store, part)
+                _commit(store, part)
+                report.parts += 1
+                report.runs += len(chunk)
+                report.events += n
+                report.urls.append(part.events_url)
+                say(f"part {part.part_id}: {len(chunk)} run(s), {n} event(s) -> {part.events_url}")
+                chunk, events = [], 0
+            if run_id:
+                chunk.append(run_id)
+                events += count
+    if drop:
+        archived = sorted(store.archived_ids())
+        for start in range(0, len(archived), 1000):
+            report.dropped += store.drop_archived_payloads(archived[start : start + 1000])
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _plan(
+    store: EventStore, dest: str, tenant: str, day: str, run_ids: list[str], now: float
+) -> ArchivePart:
+    pid = _part_id(tenant, day, run_ids)
+    where = (f"tenant={_partition(tenant)}", f"date={day}", f"part-{pid}.parquet")
+    part = ArchivePart(
+        pid,
+        tenant,
+        day,
+        run_ids,
+        _join(dest, "events", *where),
+        _join(dest, "blobs", *where),
+        now,
+    )
+    store.archive_plan(part)
+    return part
+
+
+def _commit(store: EventStore, part: ArchivePart) -> None:
+    spaces = store.run_spaces(part.runs)
+    store.archive_commit(part.part_id, [(r, spaces.get(r, "")) for r in part.runs], time.time())
+
+
+def _write_part(store: EventStore, part: ArchivePart) -> int:
+    """Write the part's two files (again, after a crash: the same content); its event count."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = store.stored_events(part.runs)
+    spaces = store.run_spaces(part.runs)
+    columns: list[list[Any]] = [[] for _ in EVENT_FIELDS]
+    refs: dict[str, set[str]] = {}
+    bounds: list[int] = []
+    last = None
+    for i, (e, rq, rs) in enumerate(rows):
+        values = (
+            e.run_id,
+            e.seq,
+            e.kind,
+            e.name,
+            e.key,
+            e.parent,
+            e.call_site,
+            e.request,
+            e.fingerprint,
+            e.response,
+            e.encoding,
+            e.error,
+            e.side_effect,
+            e.started_at,
+            e.duration_ns,
+            _metadata_text(e.metadata),
+            e.chain_index,
+            e.prev_hash,
+            e.hash,
+            e.schema_version,
+            rq,
+            rs,
+        )
+        for col, v in zip(columns, values, strict=True):
+            col.append(v)
+        if rq is not None or rs is not None:
+            mine = refs.setdefault(spaces.get(e.run_id, ""), set())
+            mine.update(r for r in (rq, rs) if r is not None)
+        if e.run_id != last:
+            bounds.append(i)
+            last = e.run_id
+    events = pa.table(
+        {
+            name: pa.array(col, type=_EVENT_TYPES[name])
+            for name, col in zip(EVENT_FIELDS, columns, strict=True)
+        }
+    )
+    fs, path = filesystem(part.events_url)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "wb") as out:
+        writer = pq.ParquetWriter(out, events.schema, compression="zstd")
+        for start, stop in _row_groups(bounds, len(rows)):
+            writer.write_table(events.slice(start, stop - start), row_group_size=stop - start)
+        writer.close()
+    nodes: list[NodeRow] = []
+    blobs: list[BlobRow] = []
+    for key_space, wanted in refs.items():
+        found_nodes, found_blobs = reachable(store, key_space, wanted)
+        nodes += found_nodes
+        blobs += found_blobs
+    table = pa.table(
+        {
+            "kind": pa.array(["node"] * len(nodes) + ["blob"] * len(blobs), pa.string()),
+            "space": pa.array([n.tenant for n in nodes] + [b.tenant for b in blobs], pa.string()),
+            "digest": pa.array([n.digest for n in nodes] + [b.digest for b in blobs], pa.string()),
+            "parent": pa.array([n.parent for n in nodes] + [None] * len(blobs), pa.string()),
+            "body": pa.array([n.body for n in nodes] + [None] * len(blobs), pa.string()),
+            "codec": pa.array([None] * len(nodes) + [b.codec for b in blobs], pa.string()),
+            "data": pa.array([None] * len(nodes) + [b.data for b in blobs], pa.binary()),
+            "size": pa.array([None] * len(nodes) + [b.size for b in blobs], pa.int64()),
+        }
+    )
+    fs, path = filesystem(part.blobs_url)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "wb") as out:
+        # Blobs are compressed already; zstd here packs the node rows and the digests.
+        pq.write_table(table, out, compression="zstd")
+    return len(rows)
+
+
+def _row_groups(bounds: Sequence[int], total: int) -> Iterable[tuple[int, int]]:
+    """Row-group ranges of about ROW_GROUP_ROWS rows, each ending at a run boundary."""
+    start = 0
+    for b in [*bounds[1:], total]:
+        if b - start >= ROW_GROUP_ROWS:
+            yield start, b
+            start = b
+    if start < total:
+        yield start, total
+
+
+def _metadata_text(value: dict[str, Any]) -> str:
+    import orjson
+
+    return "{}" if not value else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _types() -> dict[str, Any]:
+    import pyarrow as pa
+
+    s, i, f, b = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+    kinds = {"seq": i, "parent": i, "side_effect": b, "started_at": f, "duration_ns": i}
+    kinds.update({"chain_index": i, "schema_version": pa.int32()})
+    return {name: kinds.get(name, s) for name in EVENT_FIELDS}
+
+
+class _Types(dict[str, Any]):
+    def __missing__(self, key: str) -> Any:
+        self.update(_types())
+        return dict.__getitem__(self, key)
+
+
+_EVENT_TYPES: Final = _Types()

@@ -1,0 +1,224 @@
+"""Reading archived runs back from Parquet, so that old runs replay, show and diff.
+
+``replayable archive`` (:mod:`replayable.archive.parquet`) writes a run's
+events and the blob-tier rows its payloads need to Parquet files on an
+fsspec filesystem, and records in the store which file holds each run
+(``archived_runs`` → ``archive_parts``). From then on the store reads that
+run's events from the archive: the row groups holding the run (files are
+sorted by run and seq, so row-group statistics find them), joined with the
+archived blobs, which stay compressed and encrypted as they were in the hot
+store, so erasing a data key erases archived payloads too.
+
+Recently read runs are cached. pyarrow and fsspec are imported on first use
+(``pip install 'replayable[archive]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from replayable.errors import ConfigurationError, StoreError
+from replayable.events.model import Event
+from replayable.store.payloads import BlobRow, NodeRow
+from replayable.store.rows import event_from_row
+
+if TYPE_CHECKING:
+    from replayable.store.base import EventStore
+
+__all__ = [
+    "ENV_ARCHIVE_OPTIONS",
+    "EVENT_FIELDS",
+    "ArchivePart",
+    "ArchivedRun",
+    "ColdReader",
+    "filesystem",
+]
+
+#: JSON object of fsspec storage options for the archive (an S3 endpoint, credentials).
+ENV_ARCHIVE_OPTIONS: Final = "REPLAYABLE_ARCHIVE_OPTIONS"
+
+#: The event columns of an archive file, in the store's row order, then the references.
+EVENT_FIELDS: Final = (
+    "run_id",
+    "seq",
+    "kind",
+    "name",
+    "key",
+    "parent",
+    "call_site",
+    "request",
+    "fingerprint",
+    "response",
+    "encoding",
+    "error",
+    "side_effect",
+    "started_at",
+    "duration_ns",
+    "metadata",
+    "chain_index",
+    "prev_hash",
+    "hash",
+    "schema_version",
+    "request_ref",
+    "response_ref",
+)
+
+
+class ArchivePart(NamedTuple):
+    """One archive file pair, planned before it is written: its runs are fixed, so a
+    rerun after a crash writes the same files again and nothing is archived twice."""
+
+    part_id: str
+    tenant: str
+    day: str
+    runs: list[str]
+    events_url: str
+    blobs_url: str
+    planned_at: float
+
+
+class ArchivedRun(NamedTuple):
+    """Where an archived run's events and blobs are."""
+
+    run_id: str
+    part_id: str
+    events_url: str
+    blobs_url: str
+    space: str
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem and path for ``url`` (options from ``$REPLAYABLE_ARCHIVE_OPTIONS``)."""
+    try:
+        import fsspec
+    except ImportError as exc:  # pragma: no cover - the extra names it
+        raise ConfigurationError(
+            "the archive needs pyarrow and fsspec: pip install 'replayable[archive]'"
+        ) from exc
+    options: dict[str, Any] = {}
+    raw = os.environ.get(ENV_ARCHIVE_OPTIONS)
+    if raw:
+        try:
+            options = json.loads(raw)
+        except ValueError as exc:
+            raise ConfigurationError(f"{ENV_ARCHIVE_OPTIONS} is not JSON: {exc}") from None
+        if not isinstance(options, dict):
+            raise ConfigurationError(f"{ENV_ARCHIVE_OPTIONS} must be a JSON object")
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    scoped = options.get(scheme, options) if isinstance(options.get(scheme), dict) else options
+    fs, path = fsspec.core.url_to_fs(url, **(scoped if scheme != "file" else {}))
+    return fs, path
+
+
+class _ColdTier:
+    """The tier rows of one archived blobs file, as a :class:`TierBackend`."""
+
+    def __init__(self, store: EventStore, nodes: list[NodeRow], blobs: list[BlobRow]) -> None:
+        self.store = store
+        self.nodes = {(n.tenant, n.digest): n for n in nodes}
+        self.blobs = {(b.tenant, b.digest): b for b in blobs}
+
+    def tier_nodes(self, tenant: str, digests: Sequence[str]) -> list[NodeRow]:
+        return [n for d in digests if (n := self.nodes.get((tenant, d))) is not None]
+
+    def tier_blobs(self, tenant: str, digests: Sequence[str]) -> list[BlobRow]:
+        return [b for d in digests if (b := self.blobs.get((tenant, d))) is not None]
+
+    def tier_dictionary(self, tenant: str, dict_id: str | None) -> tuple[str, bytes] | None:
+        return self.store.tier_dictionary(tenant, dict_id)
+
+
+class ColdReader:
+    """Reads archived runs for one store; keeps the last runs and blob files it read."""
+
+    def __init__(self, store: EventStore, runs: int = 64, parts: int = 8) -> None:
+        self.store = store
+        self._runs: OrderedDict[str, list[Event]] = OrderedDict()
+        self._parts: OrderedDict[str, _ColdTier] = OrderedDict()
+        self._max_runs = runs
+        self._max_parts = parts
+        self._lock = threading.Lock()
+
+    def events(self, where: ArchivedRun) -> list[Event]:
+        with self._lock:
+            found = self._runs.get(where.run_id)
+            if found is not None:
+                self._runs.move_to_end(where.run_id)
+                return list(found)
+        events = self._read(where)
+        with self._lock:
+            self._runs[where.run_id] = events
+            while len(self._runs) > self._max_runs:
+                self._runs.popitem(last=False)
+        return list(events)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._runs.clear()
+            self._parts.clear()
+
+    def _read(self, where: ArchivedRun) -> list[Event]:
+        import pyarrow.parquet as pq
+
+        try:
+            fs, path = filesystem(where.events_url)
+            table = pq.read_table(
+                path, filesystem=fs, filters=[("run_id", "=", where.run_id)], columns=None
+            )
+        except (OSError, ValueError) as exc:
+            raise StoreError(
+                f"run {where.run_id} is archived in {where.events_url}, which cannot be read: {exc}"
+            ) from exc
+        columns = [table.column(name).to_pylist() for name in EVENT_FIELDS]
+        rows = sorted(zip(*columns, strict=True), key=lambda r: r[1])
+        split = [(event_from_row(r[:20]), r[20], r[21]) for r in rows]
+        if all(rq is None and rs is None for _, rq, rs in split):
+            return [e for e, _, _ in split]
+        tier = self._tier(where)
+        return self.store.tier.join_events(tier, split, lambda _rid: where.space)
+
+    def _tier(self, where: ArchivedRun) -> _ColdTier:
+        with self._lock:
+            found = self._parts.get(where.blobs_url)
+            if found is not None:
+                self._parts.move_to_end(where.blobs_url)
+                return found
+        import pyarrow.parquet as pq
+
+        try:
+            fs, path = filesystem(where.blobs_url)
+            table = pq.read_table(path, filesystem=fs)
+        except (OSError, ValueError) as exc:
+            raise StoreError(
+                f"the blobs of run {where.run_id} are archived in {where.blobs_url}, which "
+                f"cannot be read: {exc}"
+            ) from exc
+        cols = {name: table.column(name).to_pylist() for name in table.column_names}
+        nodes: list[NodeRow] = []
+        blobs: list[BlobRow] = []
+        for i, kind in enumerate(cols["kind"]):
+            if kind == "node":
+                nodes.append(
+                    NodeRow(cols["space"][i], cols["digest"][i], cols["parent"][i], cols["body"][i])
+                )
+            else:
+                blobs.append(
+                    BlobRow(
+                        cols["space"][i],
+                        cols["digest"][i],
+                        cols["codec"][i],
+                        bytes(cols["data"][i]),
+                        cols["size"][i],
+                    )
+                )
+        tier = _ColdTier(self.store, nodes, blobs)
+        with self._lock:
+            self._parts[where.blobs_url] = tier
+            while len(self._parts) > self._max_parts:
+                self._parts.popitem(last=False)
+        return tier

@@ -1,0 +1,717 @@
+"""The payload tier: large payloads stored once, as content-addressed, compressed blobs.
+
+An event's request or response longer than the threshold (1 KB by default)
+leaves its row: the row keeps a reference, the text goes to the store's blob
+tier. What an event's hash covers is unchanged (its canonical payload text),
+so where a payload lives is a storage detail and every chain verifies the
+same way whichever tier holds it.
+
+**Segments.** Before hashing, a payload is cut at message boundaries: each
+chat message (a JSON object with a ``role``, wherever it sits) and each long
+string becomes a segment of its own, the text between them stays literal. A
+chat whose every call re-sends its history therefore stores each message
+once. The exact text is kept: segments are located in the payload's own
+text, so joining the pieces gives the payload back byte for byte.
+
+**Nodes.** A payload is a chain of nodes, each holding its parent node, a
+literal and at most one segment's digest, and named by the sha256 of those.
+Two payloads that start with the same messages share the nodes of that
+prefix, so the references of a 50-turn chat grow by a node or two per call,
+not by the whole history (a flat list of references would grow quadratically).
+
+**Blobs.** A segment is stored once per tenant under the sha256 of its text,
+compressed with zstd (with the tenant's trained dictionary when there is
+one) and, when a data key is configured, encrypted (see
+:mod:`replayable.store.crypto`). The codec column names how: ``zstd/<dict id
+or ->/<key id or ->``. Reading decompresses and checks the digest: a blob
+whose bytes do not match its hash makes the event unreadable, named in its
+``problems``, so the reader that met it and ``verify`` report it.
+
+This module holds the logic every backend shares; a backend stores rows and
+fetches them by digest (:class:`TierBackend`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple, Protocol
+
+import msgspec
+import orjson
+import zstandard
+
+from replayable.events.canonical import payload_digest
+from replayable.events.model import Event
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "SUBJECT_KEY",
+    "BlobRow",
+    "NodeRow",
+    "PayloadTier",
+    "TierBackend",
+    "TierRows",
+    "TierStats",
+    "node_digest",
+    "prefix_hash",
+    "reachable",
+    "run_space",
+    "space",
+    "split_payload",
+    "split_space",
+    "subject_text",
+]
+
+#: Payloads longer than this many characters leave the event row.
+DEFAULT_THRESHOLD: Final = 1024
+#: A segment shorter than this stays literal text in its node (a blob would cost more).
+MIN_SEGMENT: Final = 64
+#: A string value at least this long is a segment of its own (a document, a tool output).
+LONG_STRING: Final = 512
+_LEVEL: Final = 3
+
+
+def space(tenant: str | None, subject: str | None) -> str:
+    """The key space a run's payloads are stored in: its tenant ('' for none), and its
+    data subject when the recording names one (each subject has blobs and keys of its
+    own, so erasing one subject's payloads leaves everyone else's readable)."""
+    return (tenant or "") if not subject else f"{tenant or ''}{_SUBJECT}{subject}"
+
+
+def split_space(text: str) -> tuple[str, str]:
+    """(tenant, subject) of a key space (subject '' for none)."""
+    tenant, _, subject = text.partition(_SUBJECT)
+    return tenant, subject
+
+
+def subject_text(value: Any) -> str | None:
+    """A data subject as metadata holds it: text, or a number written as text."""
+    if value is None or isinstance(value, dict | list | bool):
+        return None
+    return str(value) or None
+
+
+def run_space(start: Any) -> str:
+    """The key space of a run's payloads, from its start record."""
+    return space(start.tenant, subject_text(start.metadata.get(SUBJECT_KEY)))
+
+
+_SUBJECT: Final = "\x1f"
+#: The run metadata key naming a run's data subject (``recording(subject=...)``).
+SUBJECT_KEY: Final = "data_subject"
+
+
+class BlobRow(NamedTuple):
+    #: The key space (see :func:`space`): tenant, and data subject if any.
+    tenant: str
+    digest: str
+    codec: str
+    data: bytes
+    size: int
+
+
+class NodeRow(NamedTuple):
+    """A run of pieces (literal text, then a blob) continuing the ``parent`` node.
+
+    ``digest`` is the prefix hash at the node's end (see :func:`prefix_hash`), so
+    any two nodes ending at the same prefix are interchangeable, and a node is
+    checked by recomputing it from its parent and its pieces. ``body`` is the
+    JSON list of ``[literal, blob digest]`` pairs.
+    """
+
+    tenant: str
+    digest: str
+    parent: str | None
+    body: str
+
+
+class TierStats(NamedTuple):
+    """What a store's blob tier holds: blobs, their text's bytes and their bytes on disk,
+    and the nodes that reference them (with their bytes)."""
+
+    blobs: int
+    text_bytes: int
+    stored_bytes: int
+    nodes: int
+    node_bytes: int
+
+
+class TierRows:
+    """The blob-tier rows one batch adds (each digest once)."""
+
+    __slots__ = ("blobs", "nodes")
+
+    def __init__(self) -> None:
+        self.blobs: dict[tuple[str, str], BlobRow] = {}
+        self.nodes: dict[tuple[str, str], NodeRow] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.blobs or self.nodes)
+
+
+class TierBackend(Protocol):
+    """What a store provides the tier: rows by digest, and its dictionaries."""
+
+    def tier_nodes(self, tenant: str, digests: Sequence[str]) -> list[NodeRow]: ...
+
+    def tier_blobs(self, tenant: str, digests: Sequence[str]) -> list[BlobRow]: ...
+
+    def tier_dictionary(self, tenant: str, dict_id: str | None) -> tuple[str, bytes] | None:
+        """The dictionary ``dict_id`` of ``tenant`` (the newest when ``None``), or ``None``."""
+        ...
+
+
+def prefix_hash(prev: str | None, literal: str, blob: str) -> str:
+    """The prefix hash after one more piece: 128 bits of sha256 over the previous prefix
+    hash, the piece's blob digest and its literal (node names only: blobs keep sha256)."""
+    h = hashlib.sha256(b"replayable-prefix\x00")
+    h.update((prev or "").encode())
+    h.update(b"\x00")
+    h.update(blob.encode())
+    h.update(b"\x00")
+    h.update(literal.encode())
+    return h.hexdigest()[:32]
+
+
+def node_digest(parent: str | None, body: str) -> str | None:
+    """The digest a node with this parent and body must have (``None``: malformed body)."""
+    try:
+        pieces = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(pieces, list) or not pieces:
+        return None
+    at = parent
+    for piece in pieces:
+        if (
+            not isinstance(piece, list)
+            or len(piece) != 2
+            or not isinstance(piece[0], str)
+            or not isinstance(piece[1], str)
+        ):
+            return None
+        at = prefix_hash(at, piece[0], piece[1])
+    return at
+
+
+def split_payload(text: str) -> tuple[list[tuple[str, str]], str]:
+    """``text`` as (literal, segment) pieces and a trailing literal, which concatenated
+    give ``text`` exactly.
+
+    Segments are chat messages (objects with a ``role``) and long strings, found
+    in the payload's own text in document order; a short segment joins the
+    literal around it and a long literal becomes a segment. Text that is not
+    JSON, or not in the canonical spelling segments are searched by, is one segment.
+    """
+    found: list[tuple[str, str]] = []
+    pos = 0
+    try:
+        tree = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        tree = None
+
+    def take(value: Any) -> bool:
+        nonlocal pos
+        sub = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+        at = text.find(sub, pos)
+        if at < 0:
+            return False
+        found.append((text[pos:at], sub))
+        pos = at + len(sub)
+        return True
+
+    def visit(value: Any) -> None:
+        if isinstance(value, dict):
+            if "role" in value and take(value):
+                return
+            for v in value.values():
+                visit(v)
+        elif isinstance(value, list):
+            for v in value:
+                visit(v)
+        elif isinstance(value, str) and len(value) >= LONG_STRING:
+            take(value)
+
+    if tree is not None:
+        visit(tree)
+    pieces: list[tuple[str, str]] = []
+    literal = ""
+    for before, segment in [*found, (text[pos:], "")]:
+        literal += before
+        if len(literal) >= LONG_STRING:
+            pieces.append(("", literal))
+            literal = ""
+        if not segment:
+            continue
+        if len(segment) < MIN_SEGMENT:
+            literal += segment
+        else:
+            pieces.append((literal, segment))
+            literal = ""
+    if not pieces:  # short enough pieces only: the whole text is one segment
+        return [("", text)], ""
+    return pieces, literal
+
+
+class _LRU:
+    """A bounded map (by entries and by the sizes given), safe across threads."""
+
+    def __init__(self, max_items: int, max_bytes: int) -> None:
+        self._data: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self._max_items = max_items
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            found = self._data.get(key)
+            if found is None:
+                return None
+            self._data.move_to_end(key)
+            return found[0]
+
+    def put(self, key: Any, value: Any, size: int = 1) -> None:
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._data[key] = (value, size)
+            self._bytes += size
+            while self._data and (
+                len(self._data) > self._max_items or self._bytes > self._max_bytes
+            ):
+                _, (_, dropped) = self._data.popitem(last=False)
+                self._bytes -= dropped
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._bytes = 0
+
+
+class Unreadable(Exception):
+    """A payload the tier could not put back together (missing, altered, erased)."""
+
+
+class Erased(Unreadable):
+    """A payload whose data key was destroyed: "erased on DATE by WHO"."""
+
+
+#: The codec a blob is written with: ``zstd/<dictionary id>/<key id>`` ("-" for none).
+def codec_name(dict_id: str | None, key_id: str | None) -> str:
+    return f"zstd/{dict_id or '-'}/{key_id or '-'}"
+
+
+def parse_codec(codec: str) -> tuple[str | None, str | None]:
+    if not isinstance(codec, str):
+        raise Unreadable(f"blob codec is {type(codec).__name__}, not text")
+    parts = codec.split("/")
+    if len(parts) != 3 or parts[0] != "zstd":
+        raise Unreadable(f"blob codec {codec[:40]!r} is unknown to this replayable")
+    return (None if parts[1] == "-" else parts[1]), (None if parts[2] == "-" else parts[2])
+
+
+Sealer = Callable[[str, bytes, str], tuple[str | None, bytes]]
+Opener = Callable[[str, str, str, bytes], bytes]
+
+
+@dataclass
+class PayloadTier:
+    """Splits, compresses and references payloads for a store, and puts them back together.
+
+    One per store object. ``seal(tenant, data, digest)`` (set by the crypto
+    layer) encrypts a compressed blob and returns the key id it used;
+    ``open(tenant, digest, key_id, data)`` decrypts. Without them blobs are
+    compressed only.
+    """
+
+    threshold: int = DEFAULT_THRESHOLD
+    seal: Sealer | None = None
+    open: Opener | None = None
+    _known: _LRU = field(default_factory=lambda: _LRU(200_000, 1 << 62))
+    _nodes: _LRU = field(default_factory=lambda: _LRU(200_000, 1 << 62))
+    _texts: _LRU = field(default_factory=lambda: _LRU(50_000, 64 << 20))
+    _compressors: dict[str, tuple[str | None, zstandard.ZstdCompressor]] = field(
+        default_factory=dict
+    )
+    _decompressors: dict[tuple[str, str | None], zstandard.ZstdDecompressor] = field(
+        default_factory=dict
+    )
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- writing --------------------------------------------------------------------
+
+    def needs_tier(self, text: str | None) -> bool:
+        if text is None:
+            return False
+        return self.seal is not None or len(text) > self.threshold
+
+    def externalize(self, backend: TierBackend, tenant: str, text: str, rows: TierRows) -> str:
+        """Put ``text``'s new pieces into ``rows``; returns its reference: the payload's
+        sha256 (64 hex), the head node's digest (32 hex) and the trailing literal."""
+        pieces, tail = split_payload(text)
+        prefixes: list[str] = []
+        blobs: list[str] = []
+        at: str | None = None
+        for literal, segment in pieces:
+            data = segment.encode()
+            blob = hashlib.sha256(data).hexdigest()
+            blobs.append(blob)
+            key = (tenant, blob)
+            if key not in rows.blobs and self._known.get(key) is None:
+                rows.blobs[key] = self._blob_row(backend, tenant, blob, data)
+            at = prefix_hash(at, literal, blob)
+            prefixes.append(at)
+        # The longest prefix some node already ends at: only the rest is new.
+        start = 0
+        for i in range(len(prefixes) - 1, -1, -1):
+            key = (tenant, prefixes[i])
+            if key in rows.nodes or self._known.get(key) is not None:
+                start = i + 1
+                break
+        if start < len(pieces):
+            body = orjson.dumps(
+                [[lit, blobs[i]] for i, (lit, _) in enumerate(pieces) if i >= start]
+            ).decode()
+            head = prefixes[-1]
+            rows.nodes[(tenant, head)] = NodeRow(
+                tenant, head, prefixes[start - 1] if start else None, body
+            )
+        return payload_digest(text) + prefixes[-1] + tail
+
+    def committed(self, rows: TierRows) -> None:
+        """``rows`` are stored: later batches need not compress or send them again."""
+        for key in rows.blobs:
+            self._known.put(key, True)
+        for key, node in rows.nodes.items():
+            self._known.put(key, True)
+            # Only the node's own end is a node: a later payload extends from there.
+            self._nodes.put(key, node)
+
+    def _blob_row(self, backend: TierBackend, tenant: str, digest: str, data: bytes) -> BlobRow:
+        dict_id, compressor = self._compressor(backend, tenant)
+        packed = compressor.compress(data)
+        key_id = None
+        if self.seal is not None:
+            key_id, packed = self.seal(tenant, packed, digest)
+        return BlobRow(tenant, digest, codec_name(dict_id, key_id), packed, len(data))
+
+    def _compressor(
+        self, backend: TierBackend, tenant: str
+    ) -> tuple[str | None, zstandard.ZstdCompressor]:
+        found = self._compressors.get(tenant)
+        if found is None:
+            with self._lock:
+                found = self._compressors.get(tenant)
+                if found is None:
+                    latest = backend.tier_dictionary(split_space(tenant)[0], None)
+                    if latest is None:
+                        found = (None, zstandard.ZstdCompressor(level=_LEVEL))
+                    else:
+                        d = zstandard.ZstdCompressionDict(latest[1])
+                        found = (latest[0], zstandard.ZstdCompressor(level=_LEVEL, dict_data=d))
+                    self._compressors[tenant] = found
+        return found
+
+    def forget_texts(self) -> None:
+        """Drop the payload text held in memory (after an erasure)."""
+        self._texts.clear()
+
+    def forget_dictionaries(self) -> None:
+        """Look the newest dictionary up again (after one was trained)."""
+        with self._lock:
+            self._compressors.clear()
+
+    # -- reading --------------------------------------------------------------------
+
+    def resolve(
+        self, backend: TierBackend, tenant: str, refs: Iterable[str]
+    ) -> dict[str, str | Unreadable]:
+        """The text of each reference, or why it cannot be read."""
+        wanted = set(refs)
+        nodes: dict[str, NodeRow] = {}
+        missing: set[str] = set()
+        todo = {r[64:96] for r in wanted}
+        while todo:
+            fetch = []
+            for d in todo:
+                cached = self._nodes.get((tenant, d))
+                if cached is not None:
+                    nodes[d] = cached
+                else:
+                    fetch.append(d)
+            for row in backend.tier_nodes(tenant, fetch) if fetch else ():
+                if node_digest(row.parent, row.body) != row.digest:
+                    continue  # an altered node is as good as a missing one
+                nodes[row.digest] = row
+                self._nodes.put((tenant, row.digest), row)
+            missing.update(d for d in fetch if d not in nodes)
+            todo = (
+                {n.parent for d in todo if (n := nodes.get(d)) is not None and n.parent is not None}
+                - nodes.keys()
+                - missing
+            )
+        bodies = {d: orjson.loads(n.body) for d, n in nodes.items()}
+        blobs = {piece[1] for body in bodies.values() for piece in body}
+        texts, bad = self._texts_of(backend, tenant, blobs)
+        out: dict[str, str | Unreadable] = {}
+        for ref in wanted:
+            out[ref] = self._join(ref, nodes, bodies, texts, bad)
+        return out
+
+    def _join(
+        self,
+        ref: str,
+        nodes: Mapping[str, NodeRow],
+        bodies: Mapping[str, list[list[str]]],
+        texts: Mapping[str, str],
+        bad: Mapping[str, Unreadable],
+    ) -> str | Unreadable:
+        parts: list[str] = [ref[96:]]
+        at: str | None = ref[64:96]
+        seen = 0
+        while at is not None:
+            node = nodes.get(at)
+            if node is None:
+                return Unreadable(f"payload node {at[:12]} is missing or altered")
+            for literal, blob in reversed(bodies[at]):
+                text = texts.get(blob)
+                if text is None:
+                    return bad.get(blob) or Unreadable(f"blob {blob[:12]} is missing")
+                parts.append(text)
+                parts.append(literal)
+            at = node.parent
+            seen += 1
+            if seen > len(nodes):
+                return Unreadable(f"payload node {ref[64:76]} has a cycle")
+        parts.reverse()
+        text = "".join(parts)
+        if payload_digest(text) != ref[:64]:
+            return Unreadable(f"payload {ref[:12]} does not match its hash")
+        return text
+
+    def _texts_of(
+        self, backend: TierBackend, tenant: str, digests: set[str]
+    ) -> tuple[dict[str, str], dict[str, Unreadable]]:
+        texts: dict[str, str] = {}
+        bad: dict[str, Unreadable] = {}
+        fetch = []
+        for d in digests:
+            cached = self._texts.get((tenant, d))
+            if cached is not None:
+                texts[d] = cached
+            else:
+                fetch.append(d)
+        for start in range(0, len(fetch), 500):
+            for row in backend.tier_blobs(tenant, fetch[start : start + 500]):
+                try:
+                    text = self.unpack(backend, row)
+                except Unreadable as exc:
+                    bad[row.digest] = exc
+                    continue
+                texts[row.digest] = text
+                self._texts.put((tenant, row.digest), text, len(text))
+        return texts, bad
+
+    def unpack(self, backend: TierBackend, row: BlobRow) -> str:
+        """A blob's text, its digest checked; :class:`Unreadable` says what is wrong."""
+        dict_id, key_id = parse_codec(row.codec)
+        data = row.data
+        if key_id is not None:
+            if self.open is None:
+                raise Unreadable(f"blob {row.digest[:12]} is encrypted and no data keys are set")
+            data = self.open(row.tenant, row.digest, key_id, data)
+        try:
+            raw = self._decompressor(backend, row.tenant, dict_id).decompress(data)
+        except zstandard.ZstdError as exc:
+            raise Unreadable(f"blob {row.digest[:12]} cannot be decompressed ({exc})") from None
+        if hashlib.sha256(raw).hexdigest() != row.digest:
+            raise Unreadable(f"blob {row.digest[:12]} does not match its hash")
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            raise Unreadable(f"blob {row.digest[:12]} is not UTF-8 text") from None
+
+    def _decompressor(
+        self, backend: TierBackend, tenant: str, dict_id: str | None
+    ) -> zstandard.ZstdDecompressor:
+        key = (tenant, dict_id)
+        found = self._decompressors.get(key)
+        if found is None:
+            if dict_id is None:
+                found = zstandard.ZstdDecompressor()
+            else:
+                stored = backend.tier_dictionary(split_space(tenant)[0], dict_id)
+                if stored is None:
+                    raise Unreadable(f"compression dictionary {dict_id} is missing")
+                found = zstandard.ZstdDecompressor(
+                    dict_data=zstandard.ZstdCompressionDict(stored[1])
+                )
+            self._decompressors[key] = found
+        return found
+
+    # -- events ---------------------------------------------------------------------
+
+    def split_events(
+        self,
+        backend: TierBackend,
+        events: Sequence[Event],
+        tenant_of: Callable[[str], str],
+        rows: TierRows,
+    ) -> list[tuple[Event, str | None, str | None]]:
+        """Each event with its large payloads replaced by placeholders, and their refs."""
+        out: list[tuple[Event, str | None, str | None]] = []
+        # Encrypting, every payload goes to the tier: none may stay in clear in its row.
+        threshold = -1 if self.seal is not None else self.threshold
+        for e in events:
+            big_req = len(e.request) > threshold
+            big_resp = e.response is not None and len(e.response) > threshold
+            if not (big_req or big_resp):
+                out.append((e, None, None))
+                continue
+            tenant = tenant_of(e.run_id)
+            req_ref = self.externalize(backend, tenant, e.request, rows) if big_req else None
+            resp_ref = (
+                self.externalize(backend, tenant, e.response, rows)  # type: ignore[arg-type]
+                if big_resp
+                else None
+            )
+            stored = msgspec.structs.replace(
+                e,
+                request="null" if big_req else e.request,
+                response=None if big_resp else e.response,
+            )
+            out.append((stored, req_ref, resp_ref))
+        return out
+
+    def join_events(
+        self,
+        backend: TierBackend,
+        rows: Sequence[tuple[Event, str | None, str | None]],
+        tenant_of: Callable[[str], str],
+    ) -> list[Event]:
+        """Events with their referenced payloads put back (or named in ``problems``)."""
+        by_tenant: dict[str, set[str]] = {}
+        for e, req, resp in rows:
+            if req is None and resp is None:
+                continue
+            heads = by_tenant.setdefault(tenant_of(e.run_id), set())
+            if req is not None:
+                heads.add(req)
+            if resp is not None:
+                heads.add(resp)
+        if not by_tenant:
+            return [e for e, _, _ in rows]
+        texts = {t: self.resolve(backend, t, heads) for t, heads in by_tenant.items()}
+        out = []
+        for e, req, resp in rows:
+            if req is None and resp is None:
+                out.append(e)
+                continue
+            found = texts[tenant_of(e.run_id)]
+            changes: dict[str, Any] = {}
+            problems = list(e.problems)
+            for column, ref in (("request", req), ("response", resp)):
+                if ref is None:
+                    continue
+                text = found[ref]
+                if isinstance(text, Erased):
+                    # By design, not damage: the notice takes the payload's place, and
+                    # its sha256 takes the payload's place in the hash.
+                    notice = str(text)
+                    problems.append(f"{column}: {notice}")
+                    changes[column] = orjson.dumps(notice).decode()
+                    changes[f"{column}_digest"] = ref[:64]
+                    changes["erased"] = notice
+                elif isinstance(text, Unreadable):
+                    problems.append(f"{column}: {text}")
+                    changes[column] = "null"
+                else:
+                    changes[column] = text
+            if problems:
+                changes["problems"] = tuple(problems)
+            out.append(msgspec.structs.replace(e, **changes))
+        return out
+
+
+# -- dictionaries --------------------------------------------------------------------
+
+
+class DictionaryReport(NamedTuple):
+    """A trained dictionary and what it does on the blobs it was trained on."""
+
+    tenant: str
+    dict_id: str
+    samples: int
+    sample_bytes: int
+    plain_bytes: int
+    dict_bytes: int
+
+    @property
+    def plain_ratio(self) -> float:
+        return self.sample_bytes / max(self.plain_bytes, 1)
+
+    @property
+    def dict_ratio(self) -> float:
+        return self.sample_bytes / max(self.dict_bytes, 1)
+
+
+def train_dictionary(
+    store: Any, tenant: str, *, size: int = 16_384, samples: int = 2_000, at: float
+) -> DictionaryReport:
+    """Train a zstd dictionary on up to ``samples`` of ``tenant``'s blobs and store it;
+    writes from then on compress with it. Raises ``ValueError`` with too few blobs."""
+    texts = [store.tier.unpack(store, row).encode() for row in store.tier_sample(tenant, samples)]
+    if len(texts) < 8:
+        raise ValueError(
+            f"tenant {tenant or '(none)'!r} has {len(texts)} payload blob(s); a dictionary "
+            "needs at least 8 to train on (record more runs first)"
+        )
+    try:
+        trained = zstandard.train_dictionary(size, texts)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"training a dictionary on {len(texts)} blobs failed: {exc}") from None
+    data = trained.as_bytes()
+    dict_id = hashlib.sha256(data).hexdigest()[:16]
+    plain = zstandard.ZstdCompressor(level=_LEVEL)
+    with_dict = zstandard.ZstdCompressor(level=_LEVEL, dict_data=trained)
+    report = DictionaryReport(
+        tenant,
+        dict_id,
+        len(texts),
+        sum(map(len, texts)),
+        sum(len(plain.compress(t)) for t in texts),
+        sum(len(with_dict.compress(t)) for t in texts),
+    )
+    store.tier_put_dictionary(tenant, dict_id, data, at)
+    return report
+
+
+def reachable(
+    backend: TierBackend, key_space: str, refs: Iterable[str]
+) -> tuple[list[NodeRow], list[BlobRow]]:
+    """The stored node and blob rows that the references ``refs`` need, as stored
+    (blobs still compressed and encrypted): what the archive copies."""
+    nodes: dict[str, NodeRow] = {}
+    todo = {r[64:96] for r in refs}
+    while todo:
+        found = backend.tier_nodes(key_space, sorted(todo))
+        for row in found:
+            nodes[row.digest] = row
+        todo = {n.parent for n in found if n.parent is not None} - nodes.keys()
+    wanted: set[str] = set()
+    for node in nodes.values():
+        try:
+            wanted.update(piece[1] for piece in orjson.loads(node.body))
+        except (orjson.JSONDecodeError, TypeError, IndexError):
+            continue  # an altered node: the reader names it
+    blobs: list[BlobRow] = []
+    ordered = sorted(wanted)
+    for start in range(0, len(ordered), 500):
+        blobs.extend(backend.tier_blobs(key_space, ordered[start : start + 500]))
+    return list(nodes.values()), blobs

@@ -1,0 +1,261 @@
+"""The Parquet archive: local directory and a real S3 API (moto's server), kill and rerun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+import replayable
+from replayable.archive.parquet import RetentionPolicy, archive, parse_age
+from replayable.cli import app
+from replayable.errors import ConfigurationError
+from replayable.store import verify_run
+from replayable.store.cold import ENV_ARCHIVE_OPTIONS, filesystem
+from replayable.store.sqlite import SQLiteStore
+from tests import agents_chat
+from tests.test_store_contract import (
+    ENV_DIGEST,
+    ENV_SNAPSHOT,
+    canonical,
+    make_end,
+    make_start,
+    new_id,
+    payload_events,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _record(store: SQLiteStore, n: int, *, started_at: float = 1000.0, events: int = 3) -> str:
+    rid = new_id(n)
+    store.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
+    payloads = [
+        (canonical({"doc": "context " * 300, "i": i}), f'{{"i":{i}}}') for i in range(events)
+    ]
+    evs = payload_events(rid, payloads)
+    start = make_start(rid, started_at=started_at, workflow="triage" if n % 2 else "billing")
+    store.append([start], evs, [make_end(rid, evs, start=start)])
+    return rid
+
+
+def _archived_rows(fs, root: str) -> list[tuple[str, int]]:  # type: ignore[no-untyped-def]
+    out: list[tuple[str, int]] = []
+    for path in fs.glob(root.rstrip("/") + "/events/**/*.parquet"):
+        table = pq.read_table(path, filesystem=fs, columns=["run_id", "seq"])
+        out += list(
+            zip(table.column("run_id").to_pylist(), table.column("seq").to_pylist(), strict=False)
+        )
+    return out
+
+
+def _check_archive(store: SQLiteStore, dest: str, runs: dict[str, list]) -> None:  # type: ignore[type-arg]
+    for rid, events in runs.items():
+        assert store.events(rid) == events
+        assert store.event_at(rid, 2) == events[1]
+        assert store.events_until(rid, 1) == events[:1]
+        assert verify_run(store, rid).ok
+    fs, root = filesystem(dest)
+    rows = _archived_rows(fs, root)
+    assert len(rows) == len(set(rows)) == sum(len(e) for e in runs.values())
+
+
+def test_archive_to_a_local_directory_reads_back_transparently(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    dest = tmp_path / "archive"
+    store = SQLiteStore(path)
+    try:
+        runs = {}
+        for n in range(1, 6):
+            rid = _record(store, n)
+            runs[rid] = store.events(rid)
+        recent = _record(store, 9, started_at=4_000_000_000.0)  # the future: stays hot
+        report = archive(store, str(dest), older_than=parse_age("30d"), part_runs=2)
+        assert (report.runs, report.parts) == (5, 3)
+        assert recent not in store.archived_ids()
+        store.cold.forget()
+        _check_archive(store, str(dest), runs)
+    finally:
+        store.close()
+    files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*.parquet"))
+    assert files[0].startswith("blobs/tenant=_/date=1970-01-01/part-")
+    assert any(f.startswith("events/tenant=_/date=1970-01-01/part-") for f in files)
+    meta = pq.ParquetFile(dest / next(f for f in files if f.startswith("events/"))).metadata
+    assert meta.row_group(0).column(7).compression == "ZSTD"
+    with sqlite3.connect(path) as conn:
+        hot = conn.execute(
+            "SELECT count(*) FROM events WHERE request <> 'null' AND run_id IN "
+            f"({','.join('?' * len(runs))})",
+            list(runs),
+        ).fetchone()
+    assert hot == (0,)  # the hot copies are gone; the rows (metadata, hashes) remain
+    again = SQLiteStore(path)  # a new store object reads through the index
+    try:
+        for rid, events in runs.items():
+            assert again.events(rid) == events
+        assert again.events(recent)[0].request.startswith('{"doc"')
+    finally:
+        again.close()
+
+
+def test_archived_recorded_run_replays_shows_and_diffs(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    store = replayable.open_store(url)
+    try:
+        with replayable.recording(store) as rec:
+            agents_chat.chat_agent(4)
+            agents_chat.chat_agent(4, topic=" again")
+        first, second = rec.run_ids
+    finally:
+        store.close()
+    result = CliRunner().invoke(
+        app, ["archive", "--older-than", "0s", "--to", str(tmp_path / "arch"), "--store", url]
+    )
+    assert result.exit_code == 0, result.output
+    assert "archived 2 run(s)" in result.output
+    store = replayable.open_store(url)
+    try:
+        assert store.archived_ids() == {first, second}
+        replayed = replayable.replay(first, store=store)
+        assert replayed.status == "identical", replayed.divergence
+    finally:
+        store.close()
+    for args in (["show", first[:13]], ["verify", first[:13]]):
+        shown = CliRunner().invoke(app, [*args, "--store", url])
+        assert shown.exit_code == 0, shown.output
+    diff = CliRunner().invoke(app, ["diff", first[:13], second[:13], "--store", url])
+    assert diff.exit_code == 1, diff.output  # they differ, as recorded
+    assert "Question 0 again" in diff.output
+    shown = CliRunner().invoke(app, ["show", first[:13], "--store", url, "--json"])
+    assert "careful contract reviewer" in shown.output
+
+
+def test_retention_policy_per_workflow(tmp_path: Path) -> None:
+    policy = RetentionPolicy.from_config(
+        {"retention": {"hot_days": 30, "workflows": {"triage": {"hot_days": 1}}}}
+    )
+    now = 1000.0 + 5 * 86_400
+    with SQLiteStore(tmp_path / "runs.db") as store:
+        triage, billing = _record(store, 1), _record(store, 2)
+        archive(store, str(tmp_path / "a"), policy=policy, now=now)
+        assert store.archived_ids() == {triage}
+        assert billing not in store.archived_ids()
+    with pytest.raises(ConfigurationError, match="non-negative number"):
+        RetentionPolicy.from_config({"retention": {"hot_days": "soon"}})
+    with pytest.raises(ConfigurationError, match="number and a unit"):
+        parse_age("30 days")
+
+
+def test_archive_needs_a_destination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REPLAYABLE_ARCHIVE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    SQLiteStore(tmp_path / "runs.db").close()
+    result = CliRunner().invoke(app, ["archive", "--store", url])
+    assert result.exit_code != 0
+    assert "name the archive" in result.output
+
+
+def test_killed_archiver_rerun_loses_nothing_and_archives_nothing_twice(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    dest = tmp_path / "archive"
+    with SQLiteStore(path) as store:
+        runs = {}
+        for n in range(1, 121):
+            rid = _record(store, n, events=2)
+            runs[rid] = store.events(rid)
+    argv = [
+        sys.executable, "-m", "replayable.cli", "archive", "--older-than", "1d", "--to",
+        str(dest), "--part-runs", "1", "--store", f"sqlite:///{path}",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "300"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    assert proc.stdout is not None
+    for _ in range(3):
+        assert proc.stdout.readline().startswith("part ")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    with SQLiteStore(path) as store:
+        done = len(store.archived_ids())
+        assert 3 <= done < len(runs)  # cut off mid-way
+    rerun = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    with SQLiteStore(path) as store:
+        assert store.archived_ids() == set(runs)
+        assert store.archive_pending() == []
+        _check_archive(store, str(dest), runs)
+
+
+# -- a real S3 API: moto's server on 127.0.0.1 ------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_archive(s3: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    options = {
+        "s3": {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": s3, "region_name": "us-east-1"},
+        }
+    }
+    monkeypatch.setenv(ENV_ARCHIVE_OPTIONS, json.dumps(options))
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    if "replayable-archive" not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket="replayable-archive")
+    fs, _ = filesystem("s3://replayable-archive/")
+    fs.invalidate_cache()
+    return "s3://replayable-archive/runs"
+
+
+def test_archive_to_s3_reads_back_transparently(tmp_path: Path, s3_archive: str) -> None:
+    store = SQLiteStore(tmp_path / "runs.db")
+    try:
+        runs = {}
+        for n in range(1, 4):
+            rid = _record(store, n)
+            runs[rid] = store.events(rid)
+        report = archive(store, s3_archive, older_than=0.0)
+        assert report.runs == 3
+        assert report.urls[0].startswith("s3://replayable-archive/runs/events/tenant=_/")
+        store.cold.forget()
+        _check_archive(store, s3_archive, runs)
+    finally:
+        store.close()
