@@ -216,45 +216,20 @@ def _write_part(store: EventStore, part: ArchivePart) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = store.stored_events(part.runs)
+    # The rows as stored, not decoded: a damaged row is archived as it is and named by
+    # whoever reads it, as in the hot store.
+    rows = store.stored_rows(part.runs)
     spaces = store.run_spaces(part.runs)
-    columns: list[list[Any]] = [[] for _ in EVENT_FIELDS]
+    columns: list[list[Any]] = (
+        [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in EVENT_FIELDS]
+    )
     refs: dict[str, set[str]] = {}
-    bounds: list[int] = []
-    last = None
-    for i, (e, rq, rs) in enumerate(rows):
-        values = (
-            e.run_id,
-            e.seq,
-            e.kind,
-            e.name,
-            e.key,
-            e.parent,
-            e.call_site,
-            e.request,
-            e.fingerprint,
-            e.response,
-            e.encoding,
-            e.error,
-            e.side_effect,
-            e.started_at,
-            e.duration_ns,
-            _metadata_text(e.metadata),
-            e.chain_index,
-            e.prev_hash,
-            e.hash,
-            e.schema_version,
-            rq,
-            rs,
-        )
-        for col, v in zip(columns, values, strict=True):
-            col.append(v)
+    for run_id, rq, rs in zip(columns[0], columns[20], columns[21], strict=True):
         if rq is not None or rs is not None:
-            mine = refs.setdefault(spaces.get(e.run_id, ""), set())
+            mine = refs.setdefault(spaces.get(run_id, ""), set())
             mine.update(r for r in (rq, rs) if r is not None)
-        if e.run_id != last:
-            bounds.append(i)
-            last = e.run_id
+    columns[12] = [bool(v) if v in (0, 1) else None for v in columns[12]]
+    bounds = [i for i, rid in enumerate(columns[0]) if i == 0 or rid != columns[0][i - 1]]
     events = pa.table(
         {
             name: pa.array(col, type=_EVENT_TYPES[name])
@@ -303,12 +278,6 @@ def _row_groups(bounds: Sequence[int], total: int) -> Iterable[tuple[int, int]]:
             start = b
     if start < total:
         yield start, total
-
-
-def _metadata_text(value: dict[str, Any]) -> str:
-    import orjson
-
-    return "{}" if not value else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _types() -> dict[str, Any]:

@@ -265,8 +265,9 @@ class EventStore(AuditStore, ABC):
         """Index ``runs`` (run id, key space) as living in part ``part_id``."""
         raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
 
-    def stored_events(self, run_ids: Sequence[str]) -> list[tuple[Event, str | None, str | None]]:
-        """The runs' event rows as stored: payload placeholders and their tier references."""
+    def stored_rows(self, run_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+        """The runs' event rows as stored, undecoded, ordered by run and seq: the event
+        columns (``rows.EVENT_COLUMNS``) then the two tier references."""
         raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
 
     def run_spaces(self, run_ids: Sequence[str]) -> dict[str, str]:

@@ -34,6 +34,7 @@ fetches them by digest (:class:`TierBackend`).
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -198,6 +199,10 @@ def node_digest(parent: str | None, body: str) -> str | None:
     return at
 
 
+#: A JSON string of LONG_STRING characters or more (escapes make it shorter, never longer).
+_LONG: Final = re.compile(rf'"[^"]{{{LONG_STRING},}}')
+
+
 def split_payload(text: str) -> tuple[list[tuple[str, str]], str]:
     """``text`` as (literal, segment) pieces and a trailing literal, which concatenated
     give ``text`` exactly.
@@ -207,6 +212,8 @@ def split_payload(text: str) -> tuple[list[tuple[str, str]], str]:
     literal around it and a long literal becomes a segment. Text that is not
     JSON, or not in the canonical spelling segments are searched by, is one segment.
     """
+    if '"role"' not in text and _LONG.search(text) is None:
+        return [("", text)], ""  # no message and no long string: nothing to cut at
     found: list[tuple[str, str]] = []
     pos = 0
     try:
@@ -353,14 +360,26 @@ class PayloadTier:
 
     def externalize(self, backend: TierBackend, tenant: str, text: str, rows: TierRows) -> str:
         """Put ``text``'s new pieces into ``rows``; returns its reference: the payload's
-        sha256 (64 hex), the head node's digest (32 hex) and the trailing literal."""
+        sha256 (64 hex), then the head node's digest (32 hex) and the trailing literal
+        unless the payload is a single blob (then the digest is the blob's)."""
         pieces, tail = split_payload(text)
+        if len(pieces) == 1 and pieces[0][1] is text:
+            # One segment, the whole payload: the reference is the blob's digest alone.
+            data = text.encode()
+            blob = hashlib.sha256(data).hexdigest()
+            key = (tenant, blob)
+            if key not in rows.blobs and self._known.get(key) is None:
+                rows.blobs[key] = self._blob_row(backend, tenant, blob, data)
+            return blob
         prefixes: list[str] = []
         blobs: list[str] = []
         at: str | None = None
+        whole: str | None = None
         for literal, segment in pieces:
             data = segment.encode()
             blob = hashlib.sha256(data).hexdigest()
+            if segment is text:
+                whole = blob  # the payload is one segment: its digest is the payload's
             blobs.append(blob)
             key = (tenant, blob)
             if key not in rows.blobs and self._known.get(key) is None:
@@ -382,7 +401,7 @@ class PayloadTier:
             rows.nodes[(tenant, head)] = NodeRow(
                 tenant, head, prefixes[start - 1] if start else None, body
             )
-        return payload_digest(text) + prefixes[-1] + tail
+        return (whole or payload_digest(text)) + prefixes[-1] + tail
 
     def committed(self, rows: TierRows) -> None:
         """``rows`` are stored: later batches need not compress or send them again."""
@@ -436,7 +455,7 @@ class PayloadTier:
         wanted = set(refs)
         nodes: dict[str, NodeRow] = {}
         missing: set[str] = set()
-        todo = {r[64:96] for r in wanted}
+        todo = {r[64:96] for r in wanted if len(r) > 64}
         while todo:
             fetch = []
             for d in todo:
@@ -458,6 +477,7 @@ class PayloadTier:
             )
         bodies = {d: orjson.loads(n.body) for d, n in nodes.items()}
         blobs = {piece[1] for body in bodies.values() for piece in body}
+        blobs.update(r for r in wanted if len(r) == 64)
         texts, bad = self._texts_of(backend, tenant, blobs)
         out: dict[str, str | Unreadable] = {}
         for ref in wanted:
@@ -472,6 +492,11 @@ class PayloadTier:
         texts: Mapping[str, str],
         bad: Mapping[str, Unreadable],
     ) -> str | Unreadable:
+        if len(ref) == 64:  # the payload is one blob
+            text = texts.get(ref)
+            if text is None:
+                return bad.get(ref) or Unreadable(f"blob {ref[:12]} is missing")
+            return text
         parts: list[str] = [ref[96:]]
         at: str | None = ref[64:96]
         seen = 0
@@ -698,13 +723,14 @@ def reachable(
     """The stored node and blob rows that the references ``refs`` need, as stored
     (blobs still compressed and encrypted): what the archive copies."""
     nodes: dict[str, NodeRow] = {}
-    todo = {r[64:96] for r in refs}
+    refs = set(refs)
+    todo = {r[64:96] for r in refs if len(r) > 64}
     while todo:
         found = backend.tier_nodes(key_space, sorted(todo))
         for row in found:
             nodes[row.digest] = row
         todo = {n.parent for n in found if n.parent is not None} - nodes.keys()
-    wanted: set[str] = set()
+    wanted: set[str] = {r for r in refs if len(r) == 64}
     for node in nodes.values():
         try:
             wanted.update(piece[1] for piece in orjson.loads(node.body))

@@ -649,17 +649,18 @@ class SQLiteStore(SQLiteAudit, EventStore):
                     exc, f"indexing archived runs in {self.url} failed: {exc}"
                 ) from exc
 
-    def stored_events(self, run_ids: Sequence[str]) -> list[tuple[Event, str | None, str | None]]:
-        out: list[tuple[Event, str | None, str | None]] = []
-        ids = list(run_ids)
+    def stored_rows(self, run_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
+        ids = sorted(run_ids)
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
-            rows = self._query(
-                f"SELECT {_EVENT_ROW_COLS} FROM events "
-                f"WHERE run_id IN ({','.join('?' * len(chunk))}) ORDER BY run_id, seq",
-                chunk,
+            out.extend(
+                self._query(
+                    f"SELECT {_EVENT_ROW_COLS} FROM events "
+                    f"WHERE run_id IN ({','.join('?' * len(chunk))}) ORDER BY run_id, seq",
+                    chunk,
+                )
             )
-            out.extend((event_from_row(r[:20]), r[20], r[21]) for r in rows)
         return out
 
     def run_spaces(self, run_ids: Sequence[str]) -> dict[str, str]:
