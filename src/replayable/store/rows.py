@@ -283,7 +283,7 @@ def _sound_event(r: Sequence[Any]) -> Event | None:
         and started_at - started_at == 0  # finite
         and type(duration_ns) is int and type(metadata) is str and type(chain_index) is int
         and type(prev_hash) is str and type(digest) is str
-        and type(version) is int and 1 <= version <= SCHEMA_VERSION
+        and type(version) is int and 1 <= version <= EVENT_SCHEMA_VERSION
     ):  # fmt: skip
         return None
     loads = orjson.loads
