@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -397,3 +398,48 @@ def test_follower_sends_each_span_once_and_a_run_span_after_its_end(tmp_path, mo
     assert len(ids) == len(set(ids))
     assert f"{span_id(rec.run_ids[0]):016x}" in ids
     assert f"{span_id(rec2.run_ids[0]):016x}" in ids
+
+
+RECORD_SCRIPT = """
+import sys
+import replayable
+from tests import agents_policies
+with replayable.recording(sys.argv[1]):
+    agents_policies.tidy_calendar("ops")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_the_writer_ships_spans_live_when_an_endpoint_is_set(tmp_path, writer):
+    """With REPLAYABLE_OTLP_ENDPOINT set, an agent process that only records sends its
+    run's spans through its writer (the writer process, or the in-process writer): the
+    events' spans and, after its end, the run's."""
+    collector = _Collector()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("REPLAYABLE_", "OTEL_"))}
+        env.update(
+            PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")]),
+            REPLAYABLE_OTLP_ENDPOINT=collector.url,
+            REPLAYABLE_OTLP_INTERVAL="0.1",
+            REPLAYABLE_WRITER=writer,
+        )
+        store = f"sqlite:///{tmp_path / 'runs.db'}"
+        done = subprocess.run(
+            [sys.executable, "-c", RECORD_SCRIPT, store],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        deadline = time.monotonic() + 15
+        while len(collector.received) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        collector.close()
+    assert sorted(n for n, _ in collector.received) == [
+        "execute_tool delete_event",
+        "execute_tool list_events",
+        "invoke_agent tidy_calendar",
+    ]
+    recorded = replayable.open_store(store)
+    [run] = recorded.list_runs()
+    assert f"{span_id(run.run_id):016x}" in {i for _, i in collector.received}

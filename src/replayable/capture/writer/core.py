@@ -48,6 +48,7 @@ from replayable.capture.writer.batches import Batch, Committer, Job, Waiter, is_
 from replayable.capture.writer.linker import Chain, Linker, PendingEvent
 from replayable.capture.writer.outage import Outage
 from replayable.capture.writer.refusals import Refusals, warn
+from replayable.capture.writer.sinks import close_all, hand_off, writer_sinks
 from replayable.capture.writer.spool import SpoolBatch
 from replayable.capture.writer.status import WriterStatus
 from replayable.errors import ConfigurationError, StoreError
@@ -125,6 +126,8 @@ class Writer:
         #: when it is back (the writer process tells the agent's process).
         self.on_status: Callable[[str, str], None] | None = None
         self._status = WriterStatus(store.url)
+        #: What else each committed batch goes to (an OpenTelemetry exporter), if any.
+        self._sinks = writer_sinks(store.url)
         self._backoff = Backoff()
         self._committer = Committer()
         # Read from the class: a store not opened yet must not be opened to ask.
@@ -439,6 +442,8 @@ class Writer:
             self.store.put_blob(digest, blob)
         if data.starts or data.events or data.ends:
             self.store.append(data.starts, data.events, data.ends, durable=durable)
+            if self._sinks:
+                hand_off(self._sinks, data)
 
     def _commit(self, batch: Batch) -> Exception | None:
         data = batch.data
@@ -459,6 +464,8 @@ class Writer:
             )
         except Exception as exc:
             return exc
+        if self._sinks:
+            hand_off(self._sinks, data)
         return None
 
     def _persist(
@@ -630,5 +637,7 @@ class Writer:
             if threading.current_thread() is not self._thread:
                 # Let the thread release its spool, so the next writer can adopt it.
                 self._thread.join(timeout=self.max_block_s)
+            if self._sinks:
+                close_all(self._sinks)
             if self.on_close is not None:
                 self.on_close()
