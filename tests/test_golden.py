@@ -1,5 +1,8 @@
 """Golden runs: every record schema and chain format this project has written, replayed.
 
+``events1-*`` were recorded before event records hashed their payloads' digests
+(event schema 1), ``events2-*`` after; ``chain1`` unkeyed, ``chain2`` keyed.
+
 The files in ``tests/golden/`` were recorded once (``python -m tests.golden.record``)
 and are never rewritten: the suite replays them against today's code, so a change that
 would stop old recordings from replaying, decoding or verifying fails here first.
@@ -16,7 +19,7 @@ import pytest
 
 import replayable
 from replayable.events.chain import CHAIN_V1, CHAIN_V2, parse_chain
-from replayable.events.model import SCHEMA_VERSION
+from replayable.events.model import EVENT_SCHEMA_VERSION, SCHEMA_VERSION
 from replayable.store.integrity import Integrity
 from replayable.testing import FIXTURE_VERSION, load_fixture
 from tests.golden.record import GOLDEN_KEY
@@ -29,21 +32,33 @@ def _header(path: Path) -> dict:
     return orjson.loads(path.read_bytes().split(b"\n", 1)[0])
 
 
-def _formats(path: Path) -> set[int]:
-    fx_lines = path.read_bytes().splitlines()[1:]
-    starts = [orjson.loads(ln)["start"] for ln in fx_lines if b'"record":"run"' in ln[:20]]
-    return {parse_chain(s["chain"]).version for s in starts}
+def _records(path: Path, kind: bytes) -> list[dict]:
+    lines = path.read_bytes().splitlines()[1:]
+    return [orjson.loads(ln) for ln in lines if ln.startswith(b'{"record":"' + kind + b'"')]
 
 
 def test_every_schema_and_chain_format_has_a_golden_run():
-    """Bumping the record schema, the chain format or the fixture layout without
-    checking in a golden run of the new one fails here."""
-    schemas = {_header(p)["event_schema"] for p in FILES}
+    """Bumping the run or event record schema, the chain format or the fixture layout
+    without checking in a golden run of the new one fails here."""
     layouts = {_header(p)["version"] for p in FILES}
-    chains = set().union(*(_formats(p) for p in FILES))
-    assert schemas >= set(range(1, SCHEMA_VERSION + 1))
+    starts = [r["start"] for p in FILES for r in _records(p, b"run")]
+    run_schemas = {s["schema_version"] for s in starts}
+    event_schemas = {e["schema_version"] for p in FILES for e in _records(p, b"event")}
+    chains = {parse_chain(s["chain"]).version for s in starts}
     assert layouts >= set(range(1, FIXTURE_VERSION + 1))
+    assert run_schemas >= set(range(1, SCHEMA_VERSION + 1))
+    assert event_schemas >= set(range(1, EVENT_SCHEMA_VERSION + 1))
     assert chains >= {CHAIN_V1, CHAIN_V2}
+    # Each event schema with each chain format, so the keyed and unkeyed links of every
+    # event layout are exercised.
+    pairs = {
+        (e["schema_version"], parse_chain(s["chain"]).version)
+        for p in FILES
+        for s in [r["start"] for r in _records(p, b"run")]
+        for e in _records(p, b"event")
+        if e["run_id"] == s["run_id"]
+    }
+    assert pairs >= {(v, c) for v in range(1, EVENT_SCHEMA_VERSION + 1) for c in (1, 2)}
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
@@ -52,7 +67,7 @@ def test_golden_run_verifies_and_replays_identically(path, monkeypatch):
     with its two child runs, replays identically with every value's type intact."""
     monkeypatch.setenv("REPLAYABLE_CHAIN_KEY", GOLDEN_KEY)
     fx, store = load_fixture(path)
-    assert len(fx.starts) == 3
+    assert len(fx.starts) in (3, 4)
     for run_id in fx.run_ids:
         report = replayable.verify_run(
             store, run_id, integrity=Integrity.from_env(), anchor=None, allow_unkeyed=True
@@ -60,7 +75,11 @@ def test_golden_run_verifies_and_replays_identically(path, monkeypatch):
         assert report.ok, report.message
     result = replayable.replay(fx.root, store=store)
     assert result.status == "identical", result.divergence and result.divergence.message
-    first = result.output[0]
+    output = result.output
+    if isinstance(output, dict):  # a session (event schema 2 on): basket, then a chat
+        assert [r.startswith("Noted: turn") for r in output["replies"]] == [True] * 3
+        output = output["lines"]
+    first = output[0]
     assert dataclasses.is_dataclass(first["quote"])
     assert first["quote"].price == decimal.Decimal("19.99")
     assert first["stock"]["alpha"]["skus"] == ("SKU-1", "extra")

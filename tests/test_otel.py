@@ -36,7 +36,7 @@ from tests import agents_policies
 
 ROOT = Path(__file__).resolve().parents[1]
 INCIDENT = ROOT / "tests" / "fixtures" / "gb-sct.replay"
-GOLDEN = ROOT / "tests" / "golden" / "v1-unkeyed.replay"
+GOLDEN = ROOT / "tests" / "golden" / "events1-chain1.replay"
 
 
 def _phoenix_executable() -> str | None:

@@ -91,3 +91,26 @@ def line(sku: str, qty: int) -> dict[str, Any]:
 def basket(skus: list[str]) -> list[dict[str, Any]]:
     """Child runs, one per line."""
     return [line(s, i + 1) for i, s in enumerate(skus)]
+
+
+@replayable.tool
+def converse(messages: list[dict[str, str]]) -> dict[str, Any]:
+    """A chat turn whose history is long (its payload leaves the event row for a blob)."""
+    return {"role": "assistant", "content": "Noted: " + messages[-1]["content"][:40]}
+
+
+@replayable.workflow("golden_session")
+def session(skus: list[str]) -> dict[str, Any]:
+    """A basket as a child run tree, then a conversation of growing, kilobyte-long turns.
+
+    Recorded from event schema 2 on; the runs of schema 1 are baskets alone.
+    """
+    lines = basket(skus)
+    history: list[dict[str, str]] = []
+    replies = []
+    for turn in range(3):
+        history.append({"role": "user", "content": f"turn {turn}: " + "details " * 200})
+        reply = converse(history)
+        history.append(reply)
+        replies.append(reply["content"])
+    return {"lines": lines, "replies": replies}

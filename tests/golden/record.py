@@ -1,7 +1,9 @@
-"""Record the golden runs into ``tests/golden/``: ``python -m tests.golden.record NAME``.
+"""Record golden runs into ``tests/golden/``: ``python -m tests.golden.record NAME``.
 
-``v1-unkeyed`` is chained without a key (chain format 1), ``v2-keyed`` with the
-test key below (chain format 2). Run it for a new schema or format only.
+``NAME`` is ``events<N>-chain<M>``: event records of schema N as this version
+writes them (the current one only: older files were recorded by older versions
+and stay as they are), chained without a key (chain format 1) or with the test
+key below (format 2). Run it for a new schema or format only.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ def record(name: str) -> Path:
 
     store = MemoryStore()
     with replayable.recording(store, metadata={"golden": name}) as rec:
-        agent.basket(["SKU-1", "SKU-2"])
+        agent.session(["SKU-1", "SKU-2"])
     return export_fixture(store, rec.run_ids[0], HERE / f"{name}.replay").path or HERE
 
 
 if __name__ == "__main__":
-    which = sys.argv[1] if len(sys.argv) > 1 else "v1-unkeyed"
-    if which == "v2-keyed":
+    which = sys.argv[1]
+    if which.endswith("-chain2"):
         os.environ["REPLAYABLE_CHAIN_KEY"] = GOLDEN_KEY
     else:
         os.environ.pop("REPLAYABLE_CHAIN_KEY", None)

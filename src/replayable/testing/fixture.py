@@ -5,16 +5,20 @@ events and the blobs they name (the environment snapshot), so that it
 replays with no store: :func:`load_fixture` reads it into a memory store.
 The file is JSON lines, readable and diffable in a repository::
 
-    {"format": "replayable-fixture", "version": 1, "event_schema": 1, "root": "…",
-     "runs": 2, "events": 31, "sanitized": {…manifest…} | null, "chain": "…"}
+    {"format": "replayable-fixture", "version": 1, "run_schema": 1, "event_schema": 2,
+     "root": "…", "runs": 2, "events": 31, "sanitized": {…manifest…} | null, "source": {…}}
     {"record": "run", "start": {…}, "end": {…} | null}
     {"record": "event", "run_id": "…", "seq": 1, …}
     {"record": "blob", "digest": "…", "data": "<base64>"}
 
-``version`` is this layout's version and ``event_schema`` the records'
-(:data:`~replayable.events.model.SCHEMA_VERSION`). A newer or unknown one is
-refused with a message naming it; an older one is upgraded by the explicit
-functions in :data:`UPCASTERS`, one version at a time, never by guessing.
+``version`` is this layout's version; ``run_schema`` and ``event_schema`` the
+newest run-record and event-record schema the file may hold
+(:data:`~replayable.events.model.SCHEMA_VERSION`,
+:data:`~replayable.events.model.EVENT_SCHEMA_VERSION`; each record names its
+own). A newer or unknown one is refused with a message naming it; an older
+layout is upgraded by the explicit functions in :data:`UPCASTERS`, one version
+at a time, never by guessing; older records are read as they are (the chain
+checks each event by its own schema version).
 
 A sanitized fixture (see :mod:`replayable.testing.sanitize`) has its requests
 re-fingerprinted and its chain re-sealed over the sanitized content, in the
@@ -38,7 +42,14 @@ import orjson
 from replayable.errors import FixtureError
 from replayable.events.canonical import event_hash, fingerprint, genesis_hash, run_seal
 from replayable.events.chain import parse_chain
-from replayable.events.model import SCHEMA_VERSION, Event, Run, RunEnd, RunStart
+from replayable.events.model import (
+    EVENT_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    Event,
+    Run,
+    RunEnd,
+    RunStart,
+)
 from replayable.store.base import EventStore
 from replayable.store.integrity import Integrity
 from replayable.store.memory import MemoryStore
@@ -93,7 +104,8 @@ class Fixture:
         return {
             "format": FIXTURE_FORMAT,
             "version": FIXTURE_VERSION,
-            "event_schema": SCHEMA_VERSION,
+            "run_schema": SCHEMA_VERSION,
+            "event_schema": max((e.schema_version for e in self.events), default=1),
             "written_by": f"replayable {__version__}",
             "root": self.root,
             "runs": len(self.starts),
@@ -227,13 +239,18 @@ def sanitize_fixture(fx: Fixture, rules: SanitizeRules) -> Fixture:
         fp = (
             e.fingerprint if request == e.request else fingerprint(e.kind, e.name, request.encode())
         )
+        response = None if e.response is None else _text(san, f"{where} response", e.response)
         sanitized = msgspec.structs.replace(
             e,
             request=request,
             fingerprint=fp,
-            response=None if e.response is None else _text(san, f"{where} response", e.response),
+            response=response,
             error=None if e.error is None else _text(san, f"{where} error", e.error),
             metadata=san.rewrite(f"{where} metadata", e.metadata)[0],
+            # A digest kept beside a payload is the old text's: the chain is re-sealed
+            # over the new text's.
+            request_digest=e.request_digest if request == e.request else None,
+            response_digest=e.response_digest if response == e.response else None,
         )
         by_run.setdefault(e.run_id, []).append(sanitized)
     events: list[Event] = []
@@ -384,13 +401,16 @@ def _upcast(
         header, records = step(dict(header), list(records))
         version += 1
         header["version"] = version
-    schema = header.get("event_schema")
-    if schema != SCHEMA_VERSION:
-        raise FixtureError(
-            f"{target}: its records are schema version {schema!r}; this replayable reads "
-            f"schema version {SCHEMA_VERSION}"
-            + ("; upgrade replayable to use it" if isinstance(schema, int) and schema > 1 else "")
-        )
+    # Files of layout 1 written before run records had a schema of their own name one.
+    for key, newest in (("run_schema", SCHEMA_VERSION), ("event_schema", EVENT_SCHEMA_VERSION)):
+        schema = header.get(key, 1)
+        if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+            raise FixtureError(f"{target}: {key} {schema!r} is not a version number")
+        if schema > newest:
+            raise FixtureError(
+                f"{target}: its {key.split('_')[0]} records are schema version {schema}; this "
+                f"replayable reads up to {newest}: upgrade replayable to use it"
+            )
     return header, records
 
 
@@ -404,9 +424,21 @@ def _build(target: Path, header: dict[str, Any], records: list[Any]) -> Fixture:
         try:
             if kind == "event":
                 body = {k: v for k, v in rec.items() if k not in ("record", "problems")}
-                events.append(msgspec.convert(body, Event))
+                event = msgspec.convert(body, Event)
+                if event.schema_version > EVENT_SCHEMA_VERSION:
+                    raise FixtureError(
+                        f"{target} line {n}: event schema version {event.schema_version}; "
+                        f"this replayable reads up to {EVENT_SCHEMA_VERSION}"
+                    )
+                events.append(event)
             elif kind == "run":
-                starts.append(msgspec.convert(rec["start"], RunStart))
+                start = msgspec.convert(rec["start"], RunStart)
+                if start.schema_version > SCHEMA_VERSION:
+                    raise FixtureError(
+                        f"{target} line {n}: run schema version {start.schema_version}; "
+                        f"this replayable reads up to {SCHEMA_VERSION}"
+                    )
+                starts.append(start)
                 if rec.get("end") is not None:
                     ends.append(msgspec.convert(rec["end"], RunEnd))
             elif kind == "blob":
