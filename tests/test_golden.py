@@ -88,3 +88,49 @@ def test_golden_run_verifies_and_replays_identically(path, monkeypatch):
     assert first["note"] == "no supplier for SKU-1"
     for child in fx.run_ids[1:]:
         assert replayable.replay(child, store=store).status == "identical"
+
+
+DATABASES = sorted(GOLDEN.glob("sqlite-v*.sql"))
+
+
+def test_every_sqlite_schema_version_has_a_golden_database():
+    """A new SQLite schema version without a database of it checked in fails here."""
+    from replayable.store.sqlite import _DB_VERSION
+
+    found = {int(p.stem.removeprefix("sqlite-v")) for p in DATABASES}
+    assert found >= set(range(1, _DB_VERSION + 1))
+
+
+@pytest.mark.parametrize("dump", DATABASES, ids=[p.stem for p in DATABASES])
+def test_a_database_written_by_each_store_version_upgrades_verifies_and_replays(
+    dump, tmp_path, monkeypatch
+):
+    """A SQLite database as each version of the store wrote it (``sqlite-v1`` and ``-v2``
+    by the code of those versions, dumped to SQL) opens with today's store, is upgraded
+    to the current schema, verifies, and its run replays identically."""
+    import sqlite3
+
+    from replayable.store.sqlite import _DB_VERSION, SQLiteStore
+
+    path = tmp_path / "runs.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(dump.read_text())
+    monkeypatch.setenv("REPLAYABLE_CHAIN_KEY", GOLDEN_KEY)
+    store = SQLiteStore(path)
+    try:
+        with sqlite3.connect(path) as db:
+            [(version,)] = db.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+        assert int(version) == _DB_VERSION
+        run_ids = list(store.iter_run_ids())
+        assert len(run_ids) == 3
+        for run_id in run_ids:
+            report = replayable.verify_run(
+                store, run_id, integrity=Integrity.from_env(), anchor=None, allow_unkeyed=True
+            )
+            assert report.ok, report.message
+        [root] = [r for r in store.list_runs() if r.parent_run_id is None]
+        result = replayable.replay(root.run_id, store=store)
+        assert result.status == "identical", result.divergence and result.divergence.message
+        assert result.output[1]["quote"].price == decimal.Decimal("39.98")
+    finally:
+        store.close()
