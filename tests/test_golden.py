@@ -47,7 +47,10 @@ def test_every_schema_and_chain_format_has_a_golden_run():
     chains = {parse_chain(s["chain"]).version for s in starts}
     assert layouts >= set(range(1, FIXTURE_VERSION + 1))
     assert run_schemas >= set(range(1, SCHEMA_VERSION + 1))
-    assert event_schemas >= set(range(1, EVENT_SCHEMA_VERSION + 1))
+    assert event_schemas >= set(range(1, EVENT_SCHEMA_VERSION + 1)), (
+        "no golden run of the newest event schema: `python -m tests.golden.record "
+        f"events{EVENT_SCHEMA_VERSION}-chain1` and `… -chain2`"
+    )
     assert chains >= {CHAIN_V1, CHAIN_V2}
     # Each event schema with each chain format, so the keyed and unkeyed links of every
     # event layout are exercised.
@@ -98,7 +101,11 @@ def test_every_sqlite_schema_version_has_a_golden_database():
     from replayable.store.sqlite import _DB_VERSION
 
     found = {int(p.stem.removeprefix("sqlite-v")) for p in DATABASES}
-    assert found >= set(range(1, _DB_VERSION + 1))
+    missing = set(range(1, _DB_VERSION + 1)) - found
+    assert not missing, (
+        f"no golden database of SQLite schema {sorted(missing)}: run "
+        "`python -m tests.golden.record_sqlite` with the version that writes it"
+    )
 
 
 @pytest.mark.parametrize("dump", DATABASES, ids=[p.stem for p in DATABASES])
