@@ -5,6 +5,9 @@ entering the ``with`` block to leaving it (leaving waits for the final flush),
 with the default writer process and, for reference, the in-process writer.
 (b) store-level: ``SQLiteStore.append`` of prebuilt events (built by the real
 writer: redacted, fingerprinted, hash-chained) in batches of the writer's size.
+(c) a short recording: 2,000 trivial tool calls, the whole ``with`` block
+(final flush included) against the calls alone, median of several runs in a
+store the writer process has open already.
 Baseline: raw ``sqlite3`` ``executemany`` of the same rows, one transaction
 per batch, into a plain table with the same columns.
 """
@@ -90,6 +93,41 @@ def record(store: Any, n: int) -> tuple[str, float, float]:
     return rec.run_ids[0], t1 - t0, t2 - t1
 
 
+@replayable.tool
+def ping(i: int) -> int:
+    return i
+
+
+@replayable.workflow("bench.short")
+def short_agent(n: int) -> int:
+    for i in range(n):
+        ping(i)
+    return n
+
+
+def short_recordings(path: Path, n: int, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds in the loop and in the whole recording (flush included), per repeat."""
+    store = SQLiteStore(path)
+    loops: list[float] = []
+    totals: list[float] = []
+    try:
+        with replayable.recording(store):
+            short_agent(10)  # the store open in the writer process
+        for _ in range(repeats):
+            gc.collect()
+            rec = replayable.recording(store, durability="buffered")
+            t0 = time.perf_counter()
+            with rec:
+                short_agent(n)
+                t1 = time.perf_counter()
+            t2 = time.perf_counter()
+            loops.append(t1 - t0)
+            totals.append(t2 - t0)
+    finally:
+        store.close()
+    return loops, totals
+
+
 def with_big_requests(events: Sequence[Event], request: bytes) -> list[Event]:
     """The same events carrying a larger request, fingerprinted and re-chained for real."""
     out: list[Event] = []
@@ -167,6 +205,8 @@ def run(cfg: Config) -> Section:
             finally:
                 store.close()
             e2e.append((calls_s, flush_s))
+        n_short = 2000
+        loops, totals = short_recordings(tmp / "short.db", n_short, cfg.pick(9, 3))
         e2e_rates = [n_e2e / (c + f) for c, f in e2e]
         e2e_rate = statistics.median(e2e_rates)
         calls_s, flush_s = min(e2e, key=lambda cf: abs(n_e2e / sum(cf) - e2e_rate))
@@ -249,13 +289,29 @@ def run(cfg: Config) -> Section:
         rate(big_rate),
         f"{big_rate / big_plain_rate:.2f}x raw plain table ({rate(big_plain_rate)})",
     )
+    loop_s = statistics.median(loops)
+    total_s = statistics.median(totals)
+    short_ratio = statistics.median(t / lp for lp, t in zip(loops, totals, strict=True))
+    sec.row(
+        f"recording {n_short:,} trivial calls, flush included",
+        f"{total_s / n_short * 1e6:.1f} µs/call",
+        f"{loop_s / n_short * 1e6:.1f} µs/call in the loop; {short_ratio:.2f}x "
+        f"(median of {len(loops)})",
+    )
     sec.targets.append(
         Target("end-to-end ingest", e2e_rate, TARGET_EVENTS_PER_S, "events/s", op=">=")
+    )
+    sec.targets.append(
+        Target(f"recording {n_short:,} calls incl. flush / in the loop", short_ratio, 2.0, "x")
     )
     sec.targets.append(
         Target("store-level append", store_rate, TARGET_EVENTS_PER_S, "events/s", op=">=")
     )
     sec.data = {
+        "short_calls": n_short,
+        "short_loop_s": loops,
+        "short_total_s": totals,
+        "short_total_over_loop": short_ratio,
         "e2e_events": n_e2e,
         "e2e_events_per_s": e2e_rates,
         "e2e_calls_s": [c for c, _ in e2e],

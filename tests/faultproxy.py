@@ -141,6 +141,11 @@ class FaultProxy:
         except OSError:
             link.close()
             return
+        if link.closed:
+            # Reset while it connected: ``close`` may have run before the server's
+            # socket was there to close (left open, a ResourceWarning fails the test).
+            _hard_close(link.server)
+            return
         pair = {link.client: link.server, link.server: link.client}
         try:
             while not link.closed and self._running():

@@ -38,8 +38,10 @@ _ENCODER = msgspec.msgpack.Encoder()
 #: Every round wakes the writer process too; at 10 ms, a recorded LLM call cost the
 #: agent 30-40 µs more (on two cores, the rounds land beside the agent and the provider).
 INTERVAL = 0.05
-#: Records one store may gather before the forwarder is woken early.
-WAKE_AT = 4096
+#: Records one store may gather before the forwarder is woken early: a tight loop's
+#: records then reach the writer process (and are committed there) while the loop
+#: still runs, so a short recording's exit does not wait for all of them at once.
+WAKE_AT = 512
 
 
 class Reply(Outcome[str]):

@@ -211,7 +211,9 @@ class Writer:
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
         self._queue.extend([(_EVENT, p, None) for p in pending])
-        if len(self._queue) >= self.batch_size:
+        # At once, not at the next interval: the agent's process sends a frame per
+        # ``WAKE_AT`` records of a tight loop, built and committed while the loop runs.
+        if not self._wake.is_set():
             self._wake.set()
 
     def _refusing_event(self, pending: PendingEvent, durable: bool = False) -> None:
@@ -296,6 +298,18 @@ class Writer:
         return not self._outage.drained.is_set()
 
     def _submit_and_wait(self, kind: int, item: Any, timeout: float | None = None) -> None:
+        if (
+            kind == _EVENT
+            and self._bounded
+            and not self._queue
+            and not self._closed
+            and self._work.acquire(blocking=False)
+        ):
+            try:
+                if self._commit_alone(item):
+                    return
+            finally:
+                self._work.release()
         waiter = Waiter()
         self._queue.append((kind, item, waiter))
         # A durable caller writes the batch itself when the writer thread is idle: its
@@ -325,6 +339,61 @@ class Writer:
             raise StoreError(f"writing to {self.store.url} failed: {waiter.outcome}") from (
                 waiter.outcome
             )
+
+    def _commit_alone(self, pending: PendingEvent) -> bool:
+        """A durable event with nothing queued before it and a store in good health:
+        link it and commit it on this thread, without a queue, a waiter or a batch
+        (what a sequential durable agent does at every boundary). ``False`` when that
+        does not apply (it then goes the usual way, from its start); a failed commit
+        goes on as any failed batch does (spool, refusals), and raises where one would.
+
+        The caller holds ``_work`` and found the queue empty, so no other record can
+        be built or written meanwhile.
+        """
+        outage = self._outage
+        linker = self._linker
+        if (
+            self._queue
+            or self.on_store_failure != "spool"
+            or linker.adopt
+            or outage.down is not None
+            or outage.leftovers
+            or outage.backlogged()
+            or self._committer.busy
+        ):
+            return False
+        chains: dict[str, Chain] = {}
+        try:
+            record = linker.event(pending, chains)
+        except Exception:
+            return False  # the usual path builds it again and says what is wrong
+        if record is None:
+            return True  # a seq this writer has linked already
+        linker.commit(chains, ())
+        try:
+            self.store.append_bounded((), (record,), (), durable=True, within=self.stall_s)
+        except Exception as exc:
+            error: Exception | None = exc
+        else:
+            outage.succeeded()
+            return True
+        # As a one-event batch that failed: spooled (fail-open) or refused, and what
+        # the store said reaches the caller as it would from the usual path.
+        waiter = Waiter()
+        data = SpoolBatch()
+        data.add("e", record)
+        batch = Batch(data, {id(record): waiter}, [], True)
+        self._finish(batch, [(_EVENT, pending, waiter)], None, error)
+        if not waiter.done.wait(self.max_block_s):
+            raise StoreError(
+                f"the store {self.store.url} did not commit within {self.max_block_s:g}s"
+                + (f": {self.last_error}" if self.last_error else "")
+            )
+        if waiter.outcome is not None:
+            raise StoreError(f"writing to {self.store.url} failed: {waiter.outcome}") from (
+                waiter.outcome
+            )
+        return True
 
     # -- outage hooks (writer thread) ----------------------------------------
 
