@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import replayable
-from harness import Config, Section, Target, temp_dir
+from harness import Config, Section, Target, temp_dir, warm_writer
 from replayable.capture.config import settings
 from replayable.store.rows import event_to_row
 from replayable.store.sqlite import SQLiteStore
@@ -181,6 +181,9 @@ def run(cfg: Config) -> Section:
     n = cfg.pick(400, 100)
     rounds = cfg.pick(5, 2)
     with temp_dir("bench-durable") as folder:
+        # The writer process started before anything is timed: its start-up (a new
+        # interpreter importing the package) would share the CPUs with the first rounds.
+        warm_writer(folder)
         floor = Floor(folder)
         try:
             process, process_floor = _sequential(folder, "process", n, rounds, floor)
