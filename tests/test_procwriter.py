@@ -527,6 +527,43 @@ def test_a_niced_writer_runs_at_the_agents_priority_while_a_record_is_late(
     assert seen == [10, 10, 0, 10]
 
 
+def test_a_niced_writer_runs_at_the_agents_priority_while_the_agent_waits(
+    tmp_path: Path,
+) -> None:
+    """An agent waiting for an answer (a flush, a recording's exit) has nothing else to
+    run: the writer process takes the agent's priority until it answers, and yields
+    again after, unless a record is late meanwhile (either reason holds it up)."""
+    script = tmp_path / "asked.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, os
+            from replayable.capture.writer._child import Priority
+
+            os.nice(10)
+            p = Priority(10)
+            seen = [os.getpriority(os.PRIO_PROCESS, 0)]
+            p.want("asked", True)
+            seen.append(os.getpriority(os.PRIO_PROCESS, 0))   # answering: the agent's
+            p.want("late", True)
+            p.want("asked", False)
+            seen.append(os.getpriority(os.PRIO_PROCESS, 0))   # still late: stays up
+            p.want("late", False)
+            seen.append(os.getpriority(os.PRIO_PROCESS, 0))   # nothing holds: niced
+            print(json.dumps(seen))
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip())
+    if os.geteuid() != 0:
+        pytest.skip("lowering a nice value needs root or CAP_SYS_NICE")
+    assert seen == [10, 0, 0, 10]
+
+
 @pytest.mark.parametrize("keyed", [False, True])
 def test_a_run_started_before_the_writer_process_is_up_is_stored_at_once(
     process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keyed: bool

@@ -119,14 +119,42 @@ def _set_nice(nice: int) -> bool:
     return True
 
 
+class Priority:
+    """This process's scheduling priority, raised to the agent's while any reason holds:
+    a record late for its deadline, or an agent waiting for an answer (a flush, a
+    recording's exit), which has nothing else to run meanwhile."""
+
+    def __init__(self, nice: int) -> None:
+        self.nice = nice
+        self._lock = threading.Lock()
+        self._reasons: set[str] = set()
+        self._high = False
+        self._permitted = nice > 0
+
+    def want(self, reason: str, high: bool) -> None:
+        with self._lock:
+            if high:
+                self._reasons.add(reason)
+            else:
+                self._reasons.discard(reason)
+            wanted = bool(self._reasons)
+            if wanted == self._high or not self._permitted:
+                return
+            if wanted:
+                # Not permitted (lowering needs root or CAP_SYS_NICE): never ask again.
+                self._high = self._permitted = _set_nice(0)
+            else:
+                _set_nice(self.nice)
+                self._high = False
+
+
 def keep_deadline(
     writers: Callable[[], list[Writer]], nice: int, deadline: float = DEADLINE_S,
-    tick: float = 0.05, rounds: int | None = None,
+    tick: float = 0.05, rounds: int | None = None, priority: Priority | None = None,
 ) -> None:  # fmt: skip
     """While a record has waited longer than ``deadline``, run at the agent's priority
     (a niced writer on a busy machine committed nothing for seconds); then yield again."""
-    raised = False
-    permitted = True
+    priority = priority or Priority(nice)
     while rounds is None or rounds > 0:
         if rounds is not None:
             rounds -= 1
@@ -135,11 +163,7 @@ def keep_deadline(
         late = any(
             w.waiting_since is not None and now - w.waiting_since > deadline for w in writers()
         )
-        if late and not raised and permitted:
-            raised = permitted = _set_nice(0)
-        elif raised and not late:
-            _set_nice(nice)
-            raised = False
+        priority.want("late", late)
 
 
 def main() -> int:
@@ -153,10 +177,12 @@ def main() -> int:
     stdin = sys.stdin.buffer
     _say("0 ready\n")  # up: the agent's process stops storing run starts itself
     writers: dict[int, tuple[Writer, LazyStore]] = {}
+    priority = Priority(nice)
     if nice:
         threading.Thread(
             target=keep_deadline,
             args=(lambda: [w for w, _ in list(writers.values())], nice),
+            kwargs={"priority": priority},
             name="replayable-deadline",
             daemon=True,
         ).start()
@@ -207,6 +233,8 @@ def main() -> int:
                 continue
             error = ""
             if writer is not None and (tickets or close):
+                # The agent waits for this answer: it is the agent's work now.
+                priority.want("asked", True)
                 try:
                     # Inside the agent's own bound, so that a fail-open flush is
                     # answered (spooled) before the agent stops waiting.
@@ -228,6 +256,7 @@ def main() -> int:
                 else:
                     drained = writer is None or writer.drain(timeout=arg)
                     lines.append(f"{ticket}{'' if drained else ' not drained'}\n")
+            priority.want("asked", False)  # before answering: the agent runs on at once
             _say("".join(lines))
     finally:
         for writer, store in writers.values():
