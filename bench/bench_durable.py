@@ -2,10 +2,10 @@
 
 The floor, like with like: a bare SQLite commit (``BEGIN IMMEDIATE``, one
 ``INSERT``, ``COMMIT`` through the ``sqlite3`` module) of the very row a durable
-boundary stores (the last recorded event's columns, a new seq each time) into
-a table of the store's own schema (its indexes and triggers), in a file of the
-same folder with the store's settings (WAL, ``synchronous=FULL``, the setting a
-durable commit uses). So the floor holds everything a durable boundary must
+boundary stores (the last recorded event's row as the store wrote it, every
+column, a new seq each time) into a table of the store's own schema (its
+indexes and triggers), in a file of the same folder with the store's settings
+(WAL, ``synchronous=FULL``, the setting a durable commit uses). So the floor holds everything a durable boundary must
 pay (the row's pages and one fsync of the WAL) and the ratio is what the path
 from the agent's boundary to the commit and back costs on top. Beside it, for
 reference: one ``fsync`` of an appended 4 KB page, and a bare commit of a
@@ -32,7 +32,7 @@ from pathlib import Path
 import replayable
 from harness import Config, Section, Target, temp_dir, warm_writer
 from replayable.capture.config import settings
-from replayable.store.rows import event_to_row
+from replayable.capture.writer import writer_for
 from replayable.store.sqlite import SQLiteStore
 
 __all__ = ["run"]
@@ -57,15 +57,27 @@ class Floor:
         self.body = "x" * 600
         self.row: list[object] | None = None
         self.insert = ""
+        self.seq_at = 1
         self.seq = 0
         self.fsync: list[float] = []
         self.small: list[float] = []
         self.sqlite: list[float] = []
 
-    def same_row(self, row: tuple[object, ...]) -> None:
-        """Commit ``row`` (an event's columns) from now on, each time with a new seq."""
+    def same_row(self, db: Path) -> None:
+        """From now on commit the last event row stored in ``db`` (every column as the
+        store wrote it), each time with a new seq."""
+        conn = sqlite3.connect(db)
+        try:
+            cursor = conn.execute("SELECT * FROM events ORDER BY rowid DESC LIMIT 1")
+            row = cursor.fetchone()
+            columns = [d[0] for d in cursor.description]
+        finally:
+            conn.close()
         self.row = list(row)
-        self.insert = "INSERT INTO events VALUES (" + ",".join("?" * len(row)) + ")"
+        self.seq_at = columns.index("seq")
+        self.insert = (
+            f"INSERT INTO events ({', '.join(columns)}) VALUES ({', '.join('?' * len(row))})"
+        )
 
     def sample(self) -> None:
         """One bare commit of the boundary's row; now and then the reference figures."""
@@ -73,7 +85,7 @@ class Floor:
             return
         conn = self.conn
         self.seq += 1
-        self.row[1] = self.seq
+        self.row[self.seq_at] = self.seq
         t0 = time.perf_counter()
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(self.insert, self.row)
@@ -126,8 +138,8 @@ def _sequential(
         with replayable.recording(store, durability="durable", spool_dir=folder / "spool"):
             sequential_agent(20)  # warm: the writer started, the connection open
             if floor.row is None:
-                last = store.list_runs()[0]
-                floor.same_row(event_to_row(store.events(last.run_id)[-1]))
+                writer_for(store).flush()
+                floor.same_row(folder / f"{writer}.db")
             for _ in range(rounds):
                 took.clear()
                 floor.sqlite.clear()
