@@ -5,9 +5,10 @@ The floor, like with like: a bare SQLite commit (``BEGIN IMMEDIATE``, one
 boundary stores (the last recorded event's row as the store wrote it, every
 column, a new seq each time) into a table of the store's own schema (its
 indexes and triggers), in a file of the same folder with the store's settings
-(WAL, ``synchronous=FULL``, the setting a durable commit uses). So the floor holds everything a durable boundary must
-pay (the row's pages and one fsync of the WAL) and the ratio is what the path
-from the agent's boundary to the commit and back costs on top. Beside it, for
+(WAL, ``synchronous=FULL``, the setting a durable commit uses). So the floor
+holds everything a durable boundary must pay (the row's pages and one fsync of
+the WAL) and the ratio is what the path from the agent's boundary to the
+commit and back costs on top. Beside it, for
 reference: one ``fsync`` of an appended 4 KB page, and a bare commit of a
 two-column row (a smaller row, fewer index pages).
 
