@@ -165,6 +165,8 @@ ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/logout", "signed_in"),
     ("GET", "/admin/users", "admin"),
     ("GET", "/api/admin/users", "admin"),
+    ("POST", "/admin/users", "admin"),
+    ("POST", "/admin/users/{name}/remove", "admin"),
     ("POST", "/admin/users/{name}/role", "admin"),
 ]
 
@@ -184,7 +186,8 @@ def test_the_role_table_covers_every_route(world: World) -> None:
 
 
 def _request(world: World, method: str, path: str) -> tuple[str, dict[str, Any]]:
-    url = path.format(run=world.run, seq=3, job_id="nosuchjob", name="ana")
+    # A name no account has: an allowed removal is a 404, and changes nothing.
+    url = path.format(run=world.run, seq=3, job_id="nosuchjob", name="nobody")
     kw: dict[str, Any] = {}
     if method == "POST" and url.startswith("/api/") and url.endswith("/annotations"):
         kw["json"] = {"verdict": "nonsense", "note": "x"}  # refused by the library: 400
@@ -194,7 +197,7 @@ def _request(world: World, method: str, path: str) -> tuple[str, dict[str, Any]]
         else:
             kw["data"] = {"mode": "partial"}
     elif method == "POST":
-        kw["data"] = {"verdict": "nonsense", "note": "x", "role": "nonsense"}
+        kw["data"] = {"verdict": "nonsense", "note": "x", "role": "nonsense", "name": "a b"}
     return url, kw
 
 
@@ -208,9 +211,11 @@ async def test_route_allows_exactly_its_roles(
     """Allowed roles get past the permission check; every other role gets 403."""
     world = shared
     url, kw = _request(world, method, path)
-    transport = httpx.ASGITransport(app=_app(world))
-    async with httpx.AsyncClient(transport=transport, base_url="https://localhost") as client:
-        r = await client.request(method, url, headers=bearer(world, role), **kw)
+    app = _app(world)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="https://localhost") as c:
+            r = await c.request(method, url, headers=bearer(world, role), **kw)
     if action == "public":
         assert r.status_code != 403, (role, url, r.status_code, r.text[:300])
     elif role in ALLOWED[action]:
@@ -616,9 +621,10 @@ async def test_embedded_mode_works_at_once_for_the_local_user(world: World, tmp_
     app = create_app(
         WebConfig(store_url=world.url, users=UserDB(tmp_path / "none.json"), secret=b"s" * 32)
     )
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
-    ) as c:
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c,
+    ):
         r = await c.get("/runs")
         assert r.status_code == 200
         assert 'id="local-mode"' in r.text
@@ -639,14 +645,15 @@ def test_a_public_address_needs_sign_in(world: World, tmp_path: Path) -> None:
 
 async def test_proxy_header_is_believed_only_from_the_trusted_proxy(world: World) -> None:
     app = _app(world, proxy_header="X-Remote-User", trusted_proxies=("10.0.0.1",))
-    for client_ip, expected in (("10.0.0.1", 200), ("10.0.0.2", 401)):
-        transport = httpx.ASGITransport(app=app, client=(client_ip, 4000))
-        async with httpx.AsyncClient(transport=transport, base_url="https://localhost") as c:
-            r = await c.get("/api/me", headers={"x-remote-user": "ana"})
-            assert r.status_code == expected, client_ip
-            if expected == 200:
-                assert r.json()["role"] == "analyst"
-                assert r.json()["via"] == "proxy"
+    async with app.router.lifespan_context(app):
+        for client_ip, expected in (("10.0.0.1", 200), ("10.0.0.2", 401)):
+            transport = httpx.ASGITransport(app=app, client=(client_ip, 4000))
+            async with httpx.AsyncClient(transport=transport, base_url="https://localhost") as c:
+                r = await c.get("/api/me", headers={"x-remote-user": "ana"})
+                assert r.status_code == expected, client_ip
+                if expected == 200:
+                    assert r.json()["role"] == "analyst"
+                    assert r.json()["via"] == "proxy"
 
 
 def test_accounts_keep_only_hashes(world: World) -> None:
@@ -722,3 +729,49 @@ async def test_a_partial_replay_job_shows_the_paused_step(
     assert "research" in state["result"]["paused"]["text"]
     page = await client.get(f"/jobs/{job}", headers=h)
     assert "Paused" in page.text
+
+
+async def test_a_fork_override_of_the_wrong_shape_is_refused(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    """As `replay --override` does: step 3 recorded a list, a string does not start a job."""
+    r = await client.post(
+        f"/api/runs/{world.run}/replay",
+        headers=bearer(world, "engineer"),
+        json={"mode": "fork", "step": 3, "override": '"no rules"'},
+    )
+    assert r.status_code == 400
+    assert "recorded a list" in r.text
+    jobs = (await client.get("/api/jobs", headers=bearer(world, "engineer"))).json()["jobs"]
+    assert jobs == []
+    bad = await client.post(
+        f"/api/runs/{world.run}/replay",
+        headers=bearer(world, "engineer"),
+        json={"mode": "fork", "step": 3, "override": "[not json"},
+    )
+    assert bad.status_code == 400
+    assert "not JSON" in bad.text
+
+
+async def test_an_admin_adds_changes_and_removes_accounts(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    """Through the accounts page, with its CSRF token: the new account can sign in, its
+    role changes, and once removed it cannot."""
+    token = await _sign_in(client, "adm", "admin-password")
+    form = {"name": "kim", "role": "analyst", "tenant": "acme", "password": "kim-password"}
+    assert (await client.post("/admin/users", data=form)).status_code == 403  # no token
+    r = await client.post("/admin/users", data={**form, "csrf": token})
+    assert r.status_code == 303
+    assert world.users.check_password("kim", "kim-password") is not None
+    r = await client.post("/admin/users/kim/role", data={"role": "auditor", "csrf": token})
+    assert r.status_code == 303
+    account = world.users.get("kim")
+    assert account is not None
+    assert (account.role, account.tenant) == ("auditor", "acme")
+    dup = await client.post("/admin/users", data={**form, "csrf": token})
+    assert dup.status_code == 400
+    assert "exists" in dup.text
+    assert (await client.post("/admin/users/adm/remove", data={"csrf": token})).status_code == 400
+    assert (await client.post("/admin/users/kim/remove", data={"csrf": token})).status_code == 303
+    assert world.users.get("kim") is None

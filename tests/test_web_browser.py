@@ -174,13 +174,16 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-def _shot(page: Any, name: str) -> None:
+def _shot(page: Any, name: str, part: str | None = None) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
     docs = os.environ.get("REPLAYABLE_WEB_DOCS")  # the README's pictures: one screenful each
     if docs:
         Path(docs).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(docs) / f"{name}.png"))
+        if part is not None:
+            page.locator(part).screenshot(path=str(Path(docs) / f"{name}.png"))
+        else:
+            page.screenshot(path=str(Path(docs) / f"{name}.png"))
 
 
 def _sign_in(browser: Any, site: dict[str, Any], name: str) -> Any:
@@ -265,12 +268,16 @@ def test_the_incident_in_the_browser(browser: Any, site: dict[str, Any]) -> None
     page.goto(f"{site['url']}/runs/{run}")
     fixed = site["agent"].find_rules("GB-SCT", "prefix")
     assert fixed, "the fixed lookup finds the GB rules"
-    page.locator("#replay-controls > summary").click()
-    page.select_option("#replay-mode", "fork")
-    page.fill("#replay-step", "3")
-    page.fill("#replay-override", json.dumps(fixed))
+    page.click("#step-3 button.fork-here")  # fills in the mode, the step, the recorded value
+    deadline = time.monotonic() + 10
+    while page.input_value("#replay-override").strip() != "[]" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert page.input_value("#replay-override").strip() == "[]"
+    assert page.input_value("#replay-mode") == "fork"
+    assert page.input_value("#replay-step") == "3"
+    page.fill("#replay-override", json.dumps(fixed, indent=2))  # the fixed tool's answer
     page.select_option("select[name=on_side_effect]", "recorded")
-    _shot(page, "fork_form")
+    _shot(page, "fork_form", "#replay-controls")
     page.click(".replay-form button[type=submit]")
     page.wait_for_url("**/jobs/*")
     page.wait_for_selector("#job-links", timeout=60_000)

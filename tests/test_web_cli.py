@@ -82,3 +82,60 @@ def test_serve_refuses_a_missing_store(tmp_path: Path) -> None:
     )
     assert code == 2
     assert "no store at" in err
+
+
+def test_serve_answers_the_local_user_at_once(tmp_path: Path) -> None:
+    """`replayable serve` on an embedded store with no accounts: the runs page answers on
+    loopback, says it is the embedded mode, and the server stops on SIGTERM."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from tests.web_runs import make_run, review_calls
+
+    db = tmp_path / "runs.db"
+    store = SQLiteStore(db)
+    run_id = make_run(store, review_calls())
+    store.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayable.cli",
+            "--store",
+            f"sqlite:///{db}",
+            "serve",
+            "--port",
+            str(port),
+            "--users",
+            str(tmp_path / "none.json"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        body = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/runs", timeout=2) as r:
+                    body = r.read().decode()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+        assert run_id[:13] in body, proc.stderr.read() if proc.poll() is not None else body
+        assert 'id="local-mode"' in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert f"on http://127.0.0.1:{port}/" in out
+    assert "Traceback" not in err

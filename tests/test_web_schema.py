@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ TOKEN: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     root: Path = tmp_path_factory.mktemp("schema")
     store = SQLiteStore(root / "runs.db")
     TOKEN["run"] = make_run(store, review_calls())
@@ -30,7 +31,10 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
     app = create_app(
         WebConfig(store_url=f"sqlite:///{root / 'runs.db'}", users=users, secret=b"z" * 32)
     )
-    return schemathesis.openapi.from_asgi("/api/openapi.json", app)
+    yield schemathesis.openapi.from_asgi("/api/openapi.json", app)
+    # Called without its lifespan: close what it opened, and wait for its replay jobs.
+    app.state.web.jobs.shutdown()
+    app.state.web.pool.close()
 
 
 def _real_run(case: Any) -> Any:

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from replayable.errors import AccessDeniedError
 from replayable.events.audit import ROLES, VERDICTS
+from replayable.events.model import Run
 from replayable.store import verify_run
 from replayable.web import views
 from replayable.web.app import ctx_of
@@ -162,6 +163,7 @@ def register(app: FastAPI, state: WebState, guard: Callable[[str], Any]) -> None
         ]
         s = record.start
         children = store.children(record.run_id)
+        derived, siblings = _related(ctx, record)
         header = views.run_summary(record, total)
         header.update(
             entrypoint=s.entrypoint,
@@ -170,19 +172,20 @@ def register(app: FastAPI, state: WebState, guard: Callable[[str], Any]) -> None
             lineage=s.lineage,
             parent_seq=s.parent_seq,
             root_run_id=s.root_run_id,
-            input=views.clip(views.pretty(views._tree(s.input)), ctx.state.config.payload_limit),
+            input=views.clip(views.pretty(views.tree(s.input)), ctx.state.config.payload_limit),
             output=None
             if record.end is None or record.end.output is None
             else views.clip(
-                views.pretty(views._tree(record.end.output)), ctx.state.config.payload_limit
+                views.pretty(views.tree(record.end.output)), ctx.state.config.payload_limit
             ),
             error=None
             if record.end is None or record.end.error is None
             else views.clip(
-                views.pretty(views._tree(record.end.error)), ctx.state.config.payload_limit
+                views.pretty(views.tree(record.end.error)), ctx.state.config.payload_limit
             ),
             children=[views.run_summary(c) for c in children if ctx.sees(c)],
-            derived=[views.run_summary(r) for r in _derived(ctx, record)],
+            derived=[views.run_summary(r) for r in derived],
+            same_workflow=[views.run_summary(r) for r in siblings[:20]],
         )
         return {
             "run": header,
@@ -252,13 +255,16 @@ def register(app: FastAPI, state: WebState, guard: Callable[[str], Any]) -> None
     pages_people.register(both, page, api, out, state, list(ROLES))
 
 
-def _derived(ctx: Ctx, record: Any) -> list[Any]:
-    """Replays and forks of ``record``: runs of its workflow whose lineage names it."""
+def _related(ctx: Ctx, record: Run) -> tuple[list[Run], list[Run]]:
+    """Replays and forks of ``record`` (runs of its workflow whose lineage names it), and
+    the other recent runs of its workflow (to diff against)."""
     from replayable.store import RunFilter
 
-    out = []
+    derived: list[Run] = []
+    others: list[Run] = []
     for r in ctx.store.list_runs(RunFilter(workflow=record.workflow, limit=500)):
+        if r.run_id == record.run_id or not ctx.sees(r):
+            continue
         named = record.run_id in map(str, r.start.lineage.values())
-        if r.run_id != record.run_id and named and ctx.sees(r):
-            out.append(r)
-    return out
+        (derived if named else others).append(r)
+    return derived, others

@@ -124,10 +124,14 @@ def _work(ctx: Ctx, run_id: str, body: ReplayIn) -> Callable[[], dict[str, Any]]
     if body.mode in ("partial", "fork") and body.step is None:
         raise ConfigurationError(f"a {body.mode} replay needs a step")
     if body.mode == "fork" and body.override:
+        from replayable.cli._overrides import check_overrides
+
         try:
-            overrides = {int(body.step or 0): orjson.loads(body.override)}
+            given = {int(body.step or 0): orjson.loads(body.override)}
         except orjson.JSONDecodeError as exc:
             raise ConfigurationError(f"the override is not JSON: {exc}") from exc
+        # As `replay --override` does: the value must have the recorded step's shape.
+        overrides = check_overrides(store, run_id, given)
     if body.mode == "counterfactual" and not body.live:
         raise ConfigurationError("a counterfactual replay names what runs live (llm, a tool)")
 

@@ -73,6 +73,32 @@ def register(
         }
         return out(ctx, "users.html", data)
 
+    @page("/admin/users", "admin", method="POST")
+    async def add_user(ctx: CtxDep, request: Request) -> Response:
+        form = await request.form()
+        fields = {k: form.get(k) for k in ("name", "role", "tenant", "password")}
+        text = {k: v.strip() if isinstance(v, str) else "" for k, v in fields.items()}
+        try:
+            config.users.add(
+                text["name"],
+                text["role"] or "auditor",
+                password=text["password"] or None,
+                tenant=text["tenant"] or None,
+            )
+        except ConfigurationError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        return RedirectResponse("/admin/users", 303)
+
+    @page("/admin/users/{name}/remove", "admin", method="POST")
+    def remove_user(ctx: CtxDep, name: str) -> Response:
+        if name == ctx.principal.name:
+            raise HTTPException(400, "you cannot remove your own account here")
+        try:
+            config.users.remove(name)
+        except ConfigurationError as exc:
+            raise HTTPException(404, str(exc)) from exc
+        return RedirectResponse("/admin/users", 303)
+
     @page("/admin/users/{name}/role", "admin", method="POST")
     async def set_role(ctx: CtxDep, name: str, request: Request) -> Response:
         form = await request.form()

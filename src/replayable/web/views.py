@@ -38,6 +38,8 @@ __all__ = [
     "payload_view",
     "pretty",
     "run_summary",
+    "tree",
+    "visible",
 ]
 
 #: ANSI escape sequences (colours, cursor moves): shown as visible text, never interpreted.
@@ -144,7 +146,8 @@ def card(
     }
 
 
-def _tree(text: str | None) -> Any:
+def tree(text: str | None) -> Any:
+    """A stored JSON text as a plain value (type tags removed); text that is not JSON as is."""
     if text is None:
         return None
     try:
@@ -239,9 +242,9 @@ def _conversation(event: Event, request: Any, response: Any, limit: int) -> dict
 def payload_view(event: Event, limit: int) -> dict[str, Any]:
     """An event's payloads for the expanded card: request, response, error and metadata
     as text cut at ``limit`` characters (``0``: whole), and an LLM call as a conversation."""
-    request = _tree(event.request)
-    response = _tree(event.response)
-    error = _tree(event.error)
+    request = tree(event.request)
+    response = tree(event.response)
+    error = tree(event.error)
     out: dict[str, Any] = {
         "seq": event.seq,
         "kind": event.kind,

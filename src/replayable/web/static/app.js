@@ -69,6 +69,24 @@ function pollJob() {
   }, 500);
 }
 
+function wireForkHere() {
+  document.querySelectorAll("button.fork-here").forEach((button) => {
+    button.addEventListener("click", async () => {
+      const controls = document.getElementById("replay-controls");
+      if (!controls) return;
+      controls.open = true;
+      document.getElementById("replay-mode").value = "fork";
+      document.getElementById("replay-step").value = button.dataset.seq;
+      const res = await fetch(button.dataset.src, { credentials: "same-origin" });
+      if (res.ok) {
+        const data = await res.json();
+        document.getElementById("replay-override").value = data.response ? data.response.text : "";
+      }
+      controls.scrollIntoView({ block: "start" });
+    });
+  });
+}
+
 function scrollToTarget() {
   const first = document.getElementById("first-divergence");
   const target = first || (location.hash && document.getElementById(location.hash.slice(1)));
@@ -77,6 +95,7 @@ function scrollToTarget() {
 
 document.addEventListener("DOMContentLoaded", () => {
   wirePayloads(document);
+  wireForkHere();
   verifyBadge();
   pollJob();
   scrollToTarget();
