@@ -442,6 +442,7 @@ async def test_runs_search_by_impact_predicates_and_rule(
     assert [r["run_id"] for r in runs] == [world.run]
     page = await client.get("/runs?workflow=contract_review&per=1", headers=h)
     assert world.run[:13] in page.text
+    assert '<a href="?workflow=contract_review&amp;per=1&amp;sort=status">status</a>' in page.text
     bad = await client.get("/api/runs?where=nonsense", headers=h)
     assert bad.status_code == 400
     assert "predicate" in bad.text

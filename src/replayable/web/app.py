@@ -16,6 +16,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from starlette.datastructures import URL
 
 from replayable import __version__
@@ -57,7 +58,8 @@ def _templates() -> Jinja2Templates:
     env.autoescape = True
     # Every value printed passes here before it is escaped: control characters
     # (terminal escapes in a payload, a note or a name) are shown, never sent.
-    env.finalize = lambda v: visible(v) if isinstance(v, str) else v
+    # Markup (a macro's output) is made of values that passed here already.
+    env.finalize = lambda v: v if isinstance(v, Markup) or not isinstance(v, str) else visible(v)
     env.globals["version"] = __version__
     return templates
 
