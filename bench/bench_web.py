@@ -194,7 +194,8 @@ def run(cfg: Config) -> Section:
             store.close()
         app, token = _app(f"sqlite:///{tmp / 'runs.db'}", tmp)
         urls = [f"/runs/{a}", f"/runs/{a}/events/{per_run // 2}", "/api/me"]
-        times = _client_times(app, token, urls, repeats)
+        last_page = f"/runs/{a}?page={per_run // 100}"
+        times = _client_times(app, token, [*urls, last_page], repeats)
         diff_times = _client_times(app, token, [f"/diff?a={a}&b={b}"], cfg.pick(5, 3))
         reader = SQLiteStore(tmp / "runs.db")
         try:
@@ -223,7 +224,13 @@ def run(cfg: Config) -> Section:
         Target("expanding a payload", payload, PAYLOAD_MS, "ms"),
         Target("diff page of two 10,000-event runs", diff_page, DIFF_MS, "ms"),
     ]
-    sec.data.update(run_page_ms=page, payload_ms=payload, floor_ms=floor, diff_page_ms=diff_page)
+    sec.data.update(
+        run_page_ms=page,
+        last_page_ms=med(times[last_page]),
+        payload_ms=payload,
+        floor_ms=floor,
+        diff_page_ms=diff_page,
+    )
     try:
         _pg_search(cfg, sec)
     except psycopg.OperationalError as exc:
