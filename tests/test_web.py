@@ -776,3 +776,5 @@ async def test_an_admin_adds_changes_and_removes_accounts(
     assert (await client.post("/admin/users/adm/remove", data={"csrf": token})).status_code == 400
     assert (await client.post("/admin/users/kim/remove", data={"csrf": token})).status_code == 303
     assert world.users.get("kim") is None
+    page = await client.get("/api/admin/users")
+    assert page.json()["retention"]["hot_days"] == 30.0  # the default policy, read-only

@@ -27,6 +27,28 @@ def _next(target: str | None) -> str:
     return target
 
 
+def _retention() -> dict[str, Any]:
+    """The retention policy ``replayable archive`` applies (read-only here: it is set in
+    ``[tool.replayable.retention]`` of pyproject.toml)."""
+    import os
+
+    from replayable._pyproject import project_config
+    from replayable.archive.parquet import RetentionPolicy
+
+    try:
+        found = project_config()
+        policy = RetentionPolicy.from_config(found)
+    except ConfigurationError as exc:
+        return {"error": str(exc)}
+    section = found.get("retention", {})
+    return {
+        "hot_days": policy.hot_days,
+        "archive_years": policy.archive_years,
+        "workflows": policy.workflows,
+        "archive": os.environ.get("REPLAYABLE_ARCHIVE") or section.get("archive"),
+    }
+
+
 def register(
     both: Deco,
     page: Deco,
@@ -70,6 +92,7 @@ def register(
             "path": str(config.users.path),
             "users": [a.public() for a in config.users.accounts()],
             "roles": roles,
+            "retention": _retention(),
         }
         return out(ctx, "users.html", data)
 
