@@ -212,6 +212,11 @@ def run(cfg: Config) -> Section:
         f"app floor (/api/me) {floor:.2f} ms",
     )
     sec.row(
+        "run page, its last 100 cards",
+        f"{med(times[last_page]):.1f} ms",
+        "the store reads every event up to the page (no range read in the store contract)",
+    )
+    sec.row(
         "expanding one payload (HTML fragment)", f"{payload:.1f} ms", "logged to the access log"
     )
     sec.row(
