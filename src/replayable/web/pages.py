@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from replayable.errors import AccessDeniedError
 from replayable.events.audit import ROLES, VERDICTS
-from replayable.events.model import Run
+from replayable.events.model import BOUNDARY_KINDS, Run
 from replayable.store import verify_run
 from replayable.web import views
 from replayable.web.app import ctx_of
@@ -131,6 +131,7 @@ def register(app: FastAPI, state: WebState, guard: Callable[[str], Any]) -> None
             "next_page": q.page + 1 if more else None,
             "runs": rows,
             "verdicts": list(VERDICTS),
+            "kinds": list(BOUNDARY_KINDS),
         }
         return out(ctx, "runs.html", data)
 
