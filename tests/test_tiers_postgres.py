@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -111,3 +112,30 @@ def test_writer_tiers_and_encrypts_and_only_maintenance_erases(world: World) -> 
     with world.store(world.writer) as w:
         assert w.events(gone)[0].erased is not None
         assert verify_run(w, kept).ok
+
+
+def test_archive_from_postgresql_by_the_maintenance_login(world: World, tmp_path: Path) -> None:
+    """The maintenance login archives (plans, indexes, drops hot payloads); every login
+    then reads the archived runs transparently. The writer may not drop payloads."""
+    from replayable.archive.parquet import archive
+
+    with world.store(world.writer) as w:
+        rid = _record(w, 10, None)
+        before = w.events(rid)
+        with pytest.raises(StoreError):
+            archive(w, str(tmp_path / "arch"), older_than=0.0)
+    with world.store(world.maint) as m:
+        report = archive(m, str(tmp_path / "arch"), older_than=0.0)
+        assert report.runs == 1
+        assert report.dropped == len(before)
+    with world.pg.connect() as conn:
+        conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(world.schema)))
+        hot = conn.execute(
+            "SELECT count(*) FROM agent_execution_events WHERE run_id = %s "
+            "AND (request_ref IS NOT NULL OR request_text <> 'null')",
+            (rid,),
+        ).fetchone()
+        assert hot == (0,)
+    with world.store(world.writer) as w:
+        assert w.events(rid) == before
+        assert verify_run(w, rid).ok

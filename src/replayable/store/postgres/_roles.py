@@ -28,6 +28,7 @@ from replayable.errors import ConfigurationError
 from replayable.store.postgres._audit import grant_audit
 from replayable.store.postgres._schema import (
     APPEND_ONLY_TABLES,
+    ARCHIVE_TABLES,
     LOG_TABLES,
     TIER_TABLES,
     valid_identifier,
@@ -39,6 +40,7 @@ __all__ = ["Roles", "init_roles"]
 MAINTENANCE_PROCEDURES = (
     "purge_payloads(UUID)",
     "erase_data_keys(TEXT, TEXT, DOUBLE PRECISION)",
+    "drop_archived_payloads(UUID[])",
 )
 
 
@@ -117,7 +119,14 @@ def init_roles(
         return sql.SQL(", ").join(sql.SQL("{}.{}").format(s, sql.Identifier(t)) for t in names)
 
     everything = tables(
-        (*APPEND_ONLY_TABLES, *TIER_TABLES, "schema_version", "store_info", "tenant_members")
+        (
+            *APPEND_ONLY_TABLES,
+            *TIER_TABLES,
+            *ARCHIVE_TABLES,
+            "schema_version",
+            "store_info",
+            "tenant_members",
+        )
     )
     members = tables(("tenant_members",))
     with conn.transaction():
@@ -129,8 +138,10 @@ def init_roles(
             sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(s, readers),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, everyone),
             sql.SQL("GRANT SELECT ON {} TO {}").format(
-                tables((*LOG_TABLES, *TIER_TABLES)), everyone
+                tables((*LOG_TABLES, *TIER_TABLES, *ARCHIVE_TABLES)), everyone
             ),
+            # The archiver runs as the maintenance login: it plans and indexes parts.
+            sql.SQL("GRANT INSERT ON {} TO {}").format(tables(ARCHIVE_TABLES), m),
             sql.SQL("GRANT SELECT ON {} TO {}").format(
                 tables(("schema_version", "store_info")), everyone
             ),

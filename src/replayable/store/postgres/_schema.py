@@ -300,6 +300,65 @@ def _tier_migration() -> list[str]:
     return out
 
 
+#: The archive index (migration 7): which Parquet files hold which archived runs.
+ARCHIVE_TABLES: Final = ("archive_parts", "archived_runs")
+
+
+def _archive_migration() -> list[str]:
+    out = [
+        """
+        CREATE TABLE {s}.archive_parts (
+            part_id    TEXT PRIMARY KEY,
+            tenant     TEXT NOT NULL,
+            day        TEXT NOT NULL,
+            runs       TEXT NOT NULL,
+            events_url TEXT NOT NULL,
+            blobs_url  TEXT NOT NULL,
+            planned_at DOUBLE PRECISION NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE {s}.archived_runs (
+            run_id      UUID PRIMARY KEY,
+            tenant      TEXT NOT NULL,
+            part_id     TEXT NOT NULL,
+            space       TEXT NOT NULL,
+            archived_at DOUBLE PRECISION NOT NULL
+        )
+        """,
+        # Dropping the hot copies of archived payloads: the steward's, for the
+        # maintenance role, and only for runs the archive index holds.
+        """
+        CREATE FUNCTION {s}.drop_archived_payloads(p_run_ids UUID[]) RETURNS INTEGER
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+        DECLARE n INTEGER;
+        BEGIN
+            UPDATE {s}.agent_execution_events e
+               SET request_text = 'null', response_text = NULL,
+                   request_ref = NULL, response_ref = NULL
+             WHERE e.run_id = ANY (p_run_ids)
+               AND e.run_id IN (SELECT a.run_id FROM {s}.archived_runs a)
+               AND COALESCE(e.tenant, '') = ANY ({s}.session_tenants(true))
+               AND (e.request_text <> 'null' OR e.response_text IS NOT NULL
+                    OR e.request_ref IS NOT NULL OR e.response_ref IS NOT NULL);
+            GET DIAGNOSTICS n = ROW_COUNT;
+            RETURN n;
+        END $$
+        """,
+        "REVOKE ALL ON FUNCTION {s}.drop_archived_payloads(UUID[]) FROM PUBLIC",
+    ]
+    for table in ARCHIVE_TABLES:
+        out += [
+            f"REVOKE ALL ON {{s}}.{table} FROM PUBLIC",
+            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {{s}}.{table} "
+            "FOR EACH ROW EXECUTE FUNCTION {s}.refuse_change()",
+            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {{s}}.{table} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse_change()",
+            *tenant_policy(table, "tenant"),
+        ]
+    return out
+
+
 #: Migration n (1-based) brings a database from version n-1 to n.
 MIGRATIONS: Final[list[list[str]]] = [
     _V1 + _v1_guards(),
@@ -308,6 +367,7 @@ MIGRATIONS: Final[list[list[str]]] = [
     _V4_CHAIN,
     AUDIT_KEYED,
     _tier_migration(),
+    _archive_migration(),
 ]
 LATEST_VERSION: Final = len(MIGRATIONS)
 

@@ -18,6 +18,7 @@ import psycopg
 from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store.base import EventStore, RunFilter, tag_value
+from replayable.store.cold import ArchivedRun, ArchivePart, ColdReader
 from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption, key_rows_for
 from replayable.store.payloads import (
     SUBJECT_KEY,
@@ -157,6 +158,7 @@ class PostgresStore(PostgresAudit, EventStore):
             if self.tenant is None:
                 self.tenant = self._only_writable_tenant()
             enable_encryption(self)
+            self.cold = ColdReader(self)
         except BaseException:
             self.close()
             raise
@@ -628,6 +630,101 @@ class PostgresStore(PostgresAudit, EventStore):
         )
         return [ErasureRow(r[0], r[1], r[2], r[3], tuple(r[4])) for r in rows]
 
+    # -- the archive index (see :mod:`replayable.store.cold`) ---------------------------
+
+    def archived_runs(self, run_ids: Sequence[str]) -> dict[str, ArchivedRun]:
+        valid = [r for r in run_ids if _is_uuid(r)]
+        if not valid:
+            return {}
+        rows = self.query(
+            "SELECT a.run_id::text, a.part_id, p.events_url, p.blobs_url, a.space "
+            "FROM archived_runs a JOIN archive_parts p ON p.part_id = a.part_id "
+            "WHERE a.run_id = ANY(%s::uuid[])",
+            (valid,),
+        )
+        return {r[0]: ArchivedRun(*r) for r in rows}
+
+    def archived_ids(self) -> set[str]:
+        return {str(r[0]) for r in self.query("SELECT run_id::text FROM archived_runs")}
+
+    def archive_plan(self, part: ArchivePart) -> None:
+        self._execute(
+            "INSERT INTO archive_parts (part_id, tenant, day, runs, events_url, blobs_url, "
+            "planned_at) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (
+                part.part_id,
+                part.tenant,
+                part.day,
+                orjson.dumps(part.runs).decode(),
+                part.events_url,
+                part.blobs_url,
+                part.planned_at,
+            ),
+        )
+
+    def archive_pending(self) -> list[ArchivePart]:
+        rows = self.query(
+            "SELECT part_id, tenant, day, runs, events_url, blobs_url, planned_at "
+            "FROM archive_parts p WHERE NOT EXISTS "
+            "(SELECT 1 FROM archived_runs a WHERE a.part_id = p.part_id) ORDER BY planned_at"
+        )
+        return [ArchivePart(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6]) for r in rows]
+
+    def archive_commit(self, part_id: str, runs: Sequence[tuple[str, str]], at: float) -> None:
+        tenants = {
+            rid: (tenant or "")
+            for rid, tenant in self.query(
+                "SELECT run_id::text, tenant FROM runs WHERE run_id = ANY(%s::uuid[])",
+                ([r for r, _ in runs],),
+            )
+        }
+        with self._write_lock:
+            try:
+                with self._conn(write=True).cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO archived_runs (run_id, tenant, part_id, space, archived_at) "
+                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        [(rid, tenants.get(rid, ""), part_id, sp, at) for rid, sp in runs],
+                    )
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "indexing archived runs")
+
+    def stored_rows(self, run_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+        valid = sorted(r for r in run_ids if _is_uuid(r))
+        if not valid:
+            return []
+        return self.query(
+            f"SELECT {_EVENT_ROW_COLS} FROM agent_execution_events v "
+            "WHERE v.run_id = ANY(%s::uuid[]) ORDER BY v.run_id, v.sequence",
+            (valid,),
+        )
+
+    def run_spaces(self, run_ids: Sequence[str]) -> dict[str, str]:
+        return self._tier_tenants(set(run_ids), ())
+
+    def drop_archived_payloads(self, run_ids: Sequence[str]) -> int:
+        """Through ``drop_archived_payloads``: the maintenance role's, for archived runs only."""
+        valid = [r for r in run_ids if _is_uuid(r)]
+        if not valid:
+            return 0
+        with self._write_lock:
+            try:
+                row = (
+                    self._conn(write=True)
+                    .execute("SELECT drop_archived_payloads(%s::uuid[])", (valid,))
+                    .fetchone()
+                )
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "dropping archived payloads")
+        return int(row[0]) if row else 0
+
+    def _execute(self, statement: str, params: Sequence[Any]) -> None:
+        with self._write_lock:
+            try:
+                self._conn(write=True).execute(statement, params)
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "writing")
+
     def joined(self, rows: Sequence[Sequence[Any]]) -> list[Event]:
         """Events from rows of the event columns and the two references, payloads joined."""
         split = [(event_from_row(r[:20]), r[20], r[21]) for r in rows]
@@ -724,6 +821,9 @@ class PostgresStore(PostgresAudit, EventStore):
     def events(self, run_id: str) -> list[Event]:
         if not _is_uuid(run_id):
             return []
+        cold = self.archived_runs([run_id]).get(run_id)
+        if cold is not None:
+            return self.cold.events(cold)
         rows = self.query(
             f"SELECT {_EVENT_ROW_COLS} FROM agent_execution_events WHERE run_id = %s "
             "ORDER BY sequence",
@@ -734,6 +834,9 @@ class PostgresStore(PostgresAudit, EventStore):
     def event_at(self, run_id: str, seq: int) -> Event | None:
         if not _is_uuid(run_id):
             return None
+        cold = self.archived_runs([run_id]).get(run_id)
+        if cold is not None:
+            return next((e for e in self.cold.events(cold) if e.seq == seq), None)
         rows = self.query(
             f"SELECT {_EVENT_ROW_COLS} FROM agent_execution_events "
             "WHERE run_id = %s AND sequence = %s",
