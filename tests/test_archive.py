@@ -211,12 +211,27 @@ def s3() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
+        _close_s3_clients()
         server.stop()
+
+
+def _close_s3_clients() -> None:
+    """Drop the cached S3 filesystems and collect their pooled connections now, so that
+    no socket to the server is left for a later test to be blamed for."""
+    import gc
+    import warnings
+
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 @pytest.fixture
