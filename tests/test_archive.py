@@ -130,13 +130,13 @@ def test_archived_recorded_run_replays_shows_and_diffs(tmp_path: Path) -> None:
         assert replayed.status == "identical", replayed.divergence
     finally:
         store.close()
-    for args in (["show", first[:13]], ["verify", first[:13]]):
+    for args in (["show", first], ["verify", first]):
         shown = CliRunner().invoke(app, [*args, "--store", url])
         assert shown.exit_code == 0, shown.output
-    diff = CliRunner().invoke(app, ["diff", first[:13], second[:13], "--store", url])
+    diff = CliRunner().invoke(app, ["diff", first, second, "--store", url])
     assert diff.exit_code == 1, diff.output  # they differ, as recorded
     assert "Question 0 again" in diff.output
-    shown = CliRunner().invoke(app, ["show", first[:13], "--store", url, "--json"])
+    shown = CliRunner().invoke(app, ["show", first, "--store", url, "--json"])
     assert "careful contract reviewer" in shown.output
 
 

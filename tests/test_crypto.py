@@ -201,10 +201,10 @@ def test_erasing_a_subject_shreds_its_payloads_only(tmp_path: Path, kek: None) -
         assert SECRET in store.events(plain)[0].request
         entries = store.access_entries()
         assert any(e.what == ("erasure",) and e.purpose == "GDPR-7" for e in entries)
-    shown = CliRunner().invoke(app, ["show", erased[:13], "--store", url])
+    shown = CliRunner().invoke(app, ["show", erased, "--store", url])
     assert shown.exit_code == 0, shown.output
     assert "erased on" in shown.output
-    verified = CliRunner().invoke(app, ["verify", erased[:13], "--store", url])
+    verified = CliRunner().invoke(app, ["verify", erased, "--store", url])
     assert verified.exit_code == 0, verified.output
 
 

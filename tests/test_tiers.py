@@ -41,12 +41,12 @@ def test_recorded_chat_is_tiered_and_replays(tmp_path: Path) -> None:
         assert verify_run(store, run_id).ok
     finally:
         store.close()
-    shown = CliRunner().invoke(app, ["show", run_id[:12], "--store", url, "--json"])
+    shown = CliRunner().invoke(app, ["show", run_id, "--store", url, "--json"])
     assert shown.exit_code == 0, shown.output
     assert "careful contract reviewer" in shown.output
-    diff = CliRunner().invoke(app, ["diff", run_id[:12], second[:12], "--store", url])
+    diff = CliRunner().invoke(app, ["diff", run_id, second, "--store", url])
     assert diff.exit_code == 0, diff.output
-    verified = CliRunner().invoke(app, ["verify", run_id[:12], "--store", url])
+    verified = CliRunner().invoke(app, ["verify", run_id, "--store", url])
     assert verified.exit_code == 0, verified.output
 
 
