@@ -42,14 +42,24 @@ def test_the_five_commands_turn_the_incident_into_a_passing_test(tmp_path, monke
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     with serve(seed=7) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        with replayable.recording(url) as rec:
+        with replayable.recording(url, metadata={"contract_id": "C-1042"}) as rec:
             agent.review_contract("C-1042")
     run_id = rec.run_ids[0]
     runner = CliRunner()
 
     found = runner.invoke(
         app,
-        ["--store", url, "query", "--name", "query_compliance_rules", "--where", "response empty"],
+        [
+            "--store",
+            url,
+            "query",
+            "--name",
+            "query_compliance_rules",
+            "--where",
+            "response empty",
+            "--meta",
+            "contract_id=C-1042",
+        ],
     )
     assert found.exit_code == 0, found.output
     assert run_id in found.output
