@@ -101,6 +101,17 @@ class AuditContract:
         assert report.ok, report.message
         assert report.checked == 1
 
+    def test_annotation_head_is_the_last_link(self, store: EventStore) -> None:
+        """``annotation_head`` is the newest annotation of the run's own chain (what the
+        next one links to), ``None`` for a run without annotations or an unknown id."""
+        rid, other = recorded(store, 1), recorded(store, 2)
+        assert store.annotation_head(rid) is None
+        made = [annotate_run(store, ANALYST, rid, verdict="ok", note=f"n{i}") for i in range(3)]
+        annotate_run(store, ANALYST, other, verdict="concern", note="elsewhere")
+        assert store.annotation_head(rid) == made[-1]
+        assert made[-1].chain_index == 2
+        assert store.annotation_head("no-such-run") is None
+
     def test_corrections_and_retractions_keep_history(self, store: EventStore) -> None:
         """A correction replaces its original in the current state; a retraction removes
         it; the history keeps every version in order."""

@@ -165,8 +165,7 @@ def annotate_run(
     _check(store, run_id, step, verdict, note, retract, amended)
     key = (integrity or Integrity.from_env()).current_key()
     for _ in range(_RETRIES):
-        chain = store.annotations(run_id)
-        head = chain[-1] if chain else None
+        head = store.annotation_head(run_id)
         created = time.time() if now is None else now
         draft = Annotation(
             annotation_id=new_id(created),

@@ -126,6 +126,14 @@ class SQLiteAudit:
         )
         return [from_row(Annotation, r) for r in rows]
 
+    def annotation_head(self, run_id: str) -> Annotation | None:
+        rows = self._query(
+            f"SELECT {_ANN_COLS} FROM annotations WHERE run_id = ? "
+            "ORDER BY chain_index DESC LIMIT 1",
+            (run_id,),
+        )
+        return from_row(Annotation, rows[0]) if rows else None
+
     def flag_closers(self) -> dict[str, str]:
         return closers(self._query(CLOSERS_SQL.format(closes="closes")))
 

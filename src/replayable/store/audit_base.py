@@ -54,6 +54,11 @@ class AuditStore(ABC):
     def annotations(self, run_id: str) -> list[Annotation]:
         """The run's annotations in chain order (empty for none)."""
 
+    def annotation_head(self, run_id: str) -> Annotation | None:
+        """The last annotation of the run's chain (what the next one links to)."""
+        chain = self.annotations(run_id)
+        return chain[-1] if chain else None
+
     @abstractmethod
     def flag_closers(self) -> dict[str, str]:
         """Every anomaly flag some annotation names in ``closes``: flag id -> the id of

@@ -324,6 +324,18 @@ class PostgresAudit:
         )
         return [from_row(Annotation, r) for r in rows]
 
+    def annotation_head(self, run_id: str) -> Annotation | None:
+        from replayable.store.postgres._store import _is_uuid
+
+        if not _is_uuid(run_id):
+            return None
+        rows = self.query(
+            f"SELECT {_ANN_COLS} FROM annotations WHERE run_id = %s "
+            "ORDER BY chain_index DESC LIMIT 1",
+            (run_id,),
+        )
+        return from_row(Annotation, rows[0]) if rows else None
+
     def flag_closers(self) -> dict[str, str]:
         return closers(self.query(CLOSERS_SQL.format(closes="closes_text")))
 
