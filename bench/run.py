@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python bench/run.py [--quick] [--only NAME] [--profile]``.
+"""Run the benchmarks: ``python bench/run.py [--quick | --full] [--only NAME] [--profile]``.
 
 Prints one table per benchmark, then a summary with PASS/MISS per target, and
 writes every figure as JSON to ``.replayable/bench-results.json``.
@@ -113,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(BENCHMARKS),
         metavar="NAME",
         help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the issue's sizes where a benchmark is smaller by default "
+        "(audit: 100,000 runs, 5M events; several minutes per store)",
     )
     parser.add_argument(
         "--profile",
