@@ -138,7 +138,8 @@ class Scanner:
         # Which rules are left to look at each run: the rules' screens answer from the
         # run summaries counted in the store, and only the runs some rule still looks
         # at have their events read.
-        summaries = self.store.run_summaries([r.run_id for r in runs])
+        screened = any(r.screen is not None for r in self.rules)
+        summaries = self.store.run_summaries([r.run_id for r in runs]) if screened else {}
         todo: dict[str, list[tuple[Rule, dict[str, Any]]]] = {}
         for run in runs:
             ctx = RuleContext(run, [], self._stats.get(run.workflow))
