@@ -31,6 +31,7 @@ __all__ = [
     "scan_event_from_row",
     "stats_from",
     "summarize",
+    "summarize_calls",
     "summary_sql",
 ]
 
@@ -281,22 +282,40 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     blocked: int = 0
 
 
-def summarize(run_id: str, events: Sequence[Event]) -> RunSummary:
+#: One event as :func:`summarize_calls` reads it: kind, name, fingerprint, response
+#: text, whether it failed, whether it is a side effect, whether its metadata names a
+#: blocked side effect.
+Call = tuple[str, str, str, "str | None", bool, bool, bool]
+
+
+def summarize(run_id: str, events: Iterable[Event]) -> RunSummary:
     """A run's :class:`RunSummary` from its events (the reference the SQL stores match)."""
+    return summarize_calls(
+        run_id,
+        (
+            (e.kind, e.name, e.fingerprint, e.response, e.error is not None, e.side_effect,
+             BLOCKED_KEY in e.metadata)
+            for e in events
+        ),
+    )  # fmt: skip
+
+
+def summarize_calls(run_id: str, calls: Iterable[Call]) -> RunSummary:
+    """A run's :class:`RunSummary` from its events' :data:`Call` columns, in seq order."""
     llm = errors = empty = refusals = blocked = repeats = 0
     last: tuple[str, str] | None = None
-    for e in events:
-        if e.kind == "llm":
+    for kind, name, fingerprint, response, failed, side_effect, names_blocked in calls:
+        if kind == "llm":
             llm += 1
-            refusals += e.response is not None and may_refuse(e.response)
-        elif e.kind in ("tool", "http"):
-            errors += e.error is not None or may_be_error(e.response)
-        if e.kind in DATA_KINDS and not e.side_effect and e.error is None:
-            empty += may_be_empty(e.response)
-        if e.kind in REPEAT_KINDS:
-            repeats += (e.name, e.fingerprint) == last
-            last = (e.name, e.fingerprint)
-        blocked += BLOCKED_KEY in e.metadata
+            refusals += response is not None and may_refuse(response)
+        elif kind in ("tool", "http"):
+            errors += failed or may_be_error(response)
+        if kind in DATA_KINDS and not side_effect and not failed:
+            empty += may_be_empty(response)
+        if kind in REPEAT_KINDS:
+            repeats += (name, fingerprint) == last
+            last = (name, fingerprint)
+        blocked += names_blocked
     return RunSummary(
         run_id=run_id,
         llm_calls=llm,
@@ -320,7 +339,8 @@ def summary_sql(
     contains: Callable[[str, str], str],
     literal: Callable[[str], str],
 ) -> str:
-    """The statement counting :class:`RunSummary` fields per run, in one dialect:
+    """The statement counting :class:`RunSummary` fields per run in a database server
+    (an in-process SQLite reads :data:`Call` columns and counts faster in Python), in one dialect:
     ``events`` a FROM clause giving the chosen runs' events as ``v``, their columns by
     name, ``contains(column, text)`` a substring test and ``literal`` a quoted string.
     Rows: run id, then the counts in field order (runs without events are absent)."""
