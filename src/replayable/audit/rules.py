@@ -13,7 +13,10 @@ statistics and the rule's thresholds for that workflow) and returns
 Keyword arguments of :func:`rule` are the rule's default thresholds; the
 ``[tool.replayable.anomalies]`` table of pyproject.toml (see
 :class:`AnomalyConfig`) overrides them for all workflows or per workflow.
-The built-in rules are the seed's four and three more (numbered 1-7).
+The built-in rules are the seed's four and three more (numbered 1-7). Each
+built-in also has a screen that reads only the run's record, statistics and
+:class:`~replayable.store.audit_base.RunSummary`, so the scan reads the events of
+the runs a rule may flag; a rule registered here has none and sees every run.
 """
 
 from __future__ import annotations

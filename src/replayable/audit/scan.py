@@ -5,7 +5,9 @@ transaction as its flags, so a scan picks up exactly the finished runs no
 scan has marked (a run that ends later, or arrives late from a spool, is
 still found), and two scans never flag a run twice. Workflow statistics
 come from the store (SQL aggregates on SQLite and PostgreSQL), once per
-workflow per scan.
+workflow per scan. Per batch, the store's run summaries (counted in the
+database on PostgreSQL) let each rule's screen pass over the runs it cannot
+flag, and only the other runs' events are read.
 """
 
 from __future__ import annotations
