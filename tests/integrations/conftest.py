@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -45,6 +46,12 @@ def sdk_leftovers() -> Iterator[None]:
     Here the connections are closed, then the loop, while the test that made them ends.
     """
     yield
+    # What an async test's clients dropped unclosed (pydantic-ai's async runs) is
+    # finalized now, inside the test that made it, not in whichever later test the
+    # collector next runs in (a report's PDF rendering, say).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
     policy = asyncio.get_event_loop_policy()
     try:
         with warnings.catch_warnings():
