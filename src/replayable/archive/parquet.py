@@ -220,8 +220,8 @@ def _write_part(store: EventStore, part: ArchivePart) -> int:
     # whoever reads it, as in the hot store.
     rows = store.stored_rows(part.runs)
     spaces = store.run_spaces(part.runs)
-    columns: list[list[Any]] = (
-        [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in EVENT_FIELDS]
+    columns: list[Sequence[Any]] = (
+        list(zip(*rows, strict=True)) if rows else [() for _ in EVENT_FIELDS]
     )
     refs: dict[str, set[str]] = {}
     for run_id, rq, rs in zip(columns[0], columns[20], columns[21], strict=True):
