@@ -318,3 +318,68 @@ def test_query_bad_since_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "--since 'last tuesday' is not a time" in result.output
+
+
+def _many_runs(store: EventStore, runs: int) -> None:
+    """``runs`` runs of two tool calls: ``lookup`` in every run, with an empty result in
+    every 3rd run and a GB jurisdiction in every 97th; ``rare_tool`` in every 150th."""
+    starts, events, ends = [], [], []
+    for n in range(1, runs + 1):
+        rid = new_id(10_000 + n)
+        t = NOW + n * 60
+        starts.append(
+            RunStart(
+                run_id=rid, workflow="many", entrypoint="agents:many", parent_run_id=None,
+                parent_seq=None, root_run_id=rid, tenant=None,
+                input=canonical({"args": [n], "kwargs": {}}).decode(), metadata={"n": n},
+                code={}, env_hash=None, lineage={}, started_at=t,
+            )
+        )  # fmt: skip
+        where = "GB-SCT" if n % 97 == 0 else "US-CA"
+        rows: list[Any] = [] if n % 3 == 0 else [{"rule": "r1"}]
+        e1 = _event(rid, 1, "tool", "lookup", {"jurisdiction": where}, {"rows": rows}, t + 1,
+                    genesis_hash(rid))  # fmt: skip
+        name = "rare_tool" if n % 150 == 0 else "other_tool"
+        e2 = _event(rid, 2, "tool", name, {"n": n}, {"ok": True}, t + 2, e1.hash)
+        events.extend((e1, e2))
+        ends.append(make_end(rid, [e1, e2], start=starts[-1], ended_at=t + 3))
+    store.append(starts, events, ends)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        EventQuery(name="lookup", where=(Predicate.parse("response.rows empty"),), limit=7),
+        EventQuery(name="lookup", where=(Predicate.parse("request.jurisdiction ^= GB"),), limit=2),
+        EventQuery(name="rare_tool", limit=1),
+        EventQuery(name="lookup", where=(Predicate.parse("request.jurisdiction ^= FR"),)),
+        EventQuery(kind="tool", limit=40),
+        EventQuery(where=(Predicate.parse("response.rows empty"),), limit=25),
+        EventQuery(metadata={"n": 291}),
+    ],
+    ids=["dense", "sparse", "rare-name", "none", "every-run", "no-name", "metadata"],
+)
+def test_every_plan_pages_like_the_python_reference(store: EventStore, query: EventQuery) -> None:
+    """More runs than a walk looks through before switching plans: dense matches (found
+    by walking the newest runs), sparse ones (the walk gives up; the index plan), a rare
+    name, none at all: every page is the reference's page."""
+    reference = MemoryStore()
+    _many_runs(reference, 600)
+    _many_runs(store, 600)
+
+    def pages(s: EventStore) -> list[tuple[int, list[tuple[str, list[int]]], int | None]]:
+        out = []
+        offset: int | None = 0
+        while offset is not None and len(out) < 12:
+            page = s.search(query.page(offset))
+            out.append((offset, [(h.run_id, [e.seq for e in h.events]) for h in page.hits],
+                        page.next_offset))  # fmt: skip
+            offset = page.next_offset
+        return out
+
+    expected = pages(reference)
+    assert pages(store) == expected
+    if query.name == "lookup" and "FR" in repr(query.where):
+        assert expected == [(0, [], None)]
+    else:
+        assert expected[0][1]  # the data has matches for every other query

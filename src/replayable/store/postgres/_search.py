@@ -56,18 +56,36 @@ def compile_predicate(p: Predicate) -> tuple[str, list[Any]]:
     return f"{number} {_COMPARE[p.op]} %s::numeric", [path, path, p.value]
 
 
+#: The newest runs the walk looks through before the index-driven query takes over:
+#: at least this many, or this many times the runs a page needs.
+_WALK_RUNS: Final = 200
+_WALK_FACTOR: Final = 4
+
+
 def search(store: PostgresStore, query: EventQuery) -> SearchPage:
-    """Runs with matching events, newest first, paginated by run."""
-    where: list[str] = []
-    params: list[Any] = []
+    """Runs with matching events, newest first, paginated by run.
+
+    Two plans, chosen by what the data turn out to be. A *walk* goes through the
+    newest runs in ``started_at`` order (the runs index) and probes each run's events
+    through its (run_id, sequence) key, stopping as soon as the page is full: a few
+    milliseconds when matches are common (the seed's impact query matches in most
+    runs). When a bounded window of runs does not fill the page, matches are rare, and
+    the *index* plan finds every matching event first (through the kind and name
+    index where given) and orders their runs. JSONB predicates defeat the planner's
+    row estimates, so the choice is made here rather than left to one query.
+    """
+    run_where: list[str] = []
+    run_params: list[Any] = []
     if query.workflow is not None:
-        where.append("r.workflow = %s")
-        params.append(query.workflow)
+        run_where.append("r.workflow = %s")
+        run_params.append(query.workflow)
     if query.metadata:
         if any(isinstance(v, dict | list) for v in query.metadata.values()):
             return SearchPage([], query.offset, None)
-        where.append("r.tags @> %s::text[]")
-        params.append(run_tags(dict(query.metadata)))
+        run_where.append("r.tags @> %s::text[]")
+        run_params.append(run_tags(dict(query.metadata)))
+    where: list[str] = []
+    params: list[Any] = []
     if query.kind is not None:
         where.append("e.event_type = %s")
         params.append(query.kind)
@@ -88,19 +106,40 @@ def search(store: PostgresStore, query: EventQuery) -> SearchPage:
             clause = f"(e.{predicate.side}_ref IS NOT NULL OR {clause})"
         where.append(clause)
         params.extend(args)
-    sql = (
-        "SELECT e.run_id::text, array_agg(e.sequence ORDER BY e.sequence) "
-        "FROM agent_execution_events e JOIN runs r ON r.run_id = e.run_id"
-        + (" WHERE " + " AND ".join(where) if where else "")
-        + " GROUP BY e.run_id, r.started_at ORDER BY r.started_at DESC, e.run_id DESC"
-        " LIMIT %s OFFSET %s"
+    event_cond = " AND ".join(where) or "TRUE"
+    run_cond = " AND ".join(run_where) or "TRUE"
+    need = query.offset + query.limit + 1
+    window = max(_WALK_RUNS, need * _WALK_FACTOR)
+    ordered = (
+        None
+        if _rare(store, query, window)
+        else _walk(store, run_cond, run_params, event_cond, params, window, need)
     )
-    params.extend((query.limit + 1, query.offset))
-    found = store.query(sql, params)
-    more = len(found) > query.limit
-    found = found[: query.limit]
-    if not found:
+    if ordered is None:
+        matching = store.query(
+            f"SELECT DISTINCT e.run_id FROM agent_execution_events e WHERE {event_cond}", params
+        )
+        ordered = [
+            row[0]
+            for row in store.query(
+                "SELECT r.run_id::text FROM runs r WHERE r.run_id = ANY(%s::uuid[]) "
+                f"AND {run_cond} ORDER BY r.started_at DESC, r.run_id DESC LIMIT %s",
+                [[row[0] for row in matching], *run_params, need],
+            )
+        ]
+    page_ids = ordered[query.offset : query.offset + query.limit]
+    more = len(ordered) > query.offset + query.limit
+    if not page_ids:
         return SearchPage([], query.offset, None)
+    seqs = dict(
+        store.query(
+            "SELECT e.run_id::text, array_agg(e.sequence ORDER BY e.sequence) "
+            f"FROM agent_execution_events e WHERE e.run_id = ANY(%s::uuid[]) AND {event_cond} "
+            "GROUP BY e.run_id",
+            [page_ids, *params],
+        )
+    )
+    found = [(rid, seqs[rid]) for rid in page_ids if rid in seqs]
     run_ids = [row[0] for row in found]
     runs = store.get_runs(run_ids)
     pairs_run = [rid for rid, seqs in found for _ in seqs]
@@ -119,3 +158,56 @@ def search(store: PostgresStore, query: EventQuery) -> SearchPage:
         by_run.setdefault(event.run_id, []).append(event)
     hits = [SearchHit(runs[rid], by_run[rid]) for rid in run_ids if rid in runs and rid in by_run]
     return SearchPage(hits, query.offset, query.offset + query.limit if more else None)
+
+
+def _rare(store: PostgresStore, query: EventQuery, n: int) -> bool:
+    """Whether fewer than ``n`` events have the query's kind and name (both indexed):
+    finding them all through the index is then cheaper than walking runs."""
+    if query.kind is None and query.name is None:
+        return False
+    cond = []
+    params: list[Any] = []
+    if query.kind is not None:
+        cond.append("e.event_type = %s")
+        params.append(query.kind)
+    if query.name is not None:
+        cond.append("e.name = %s")
+        params.append(query.name)
+    rows = store.query(
+        "SELECT count(*) FROM (SELECT 1 FROM agent_execution_events e "
+        f"WHERE {' AND '.join(cond)} LIMIT %s) s",
+        [*params, n],
+    )
+    return int(rows[0][0]) < n
+
+
+def _walk(
+    store: PostgresStore,
+    run_cond: str,
+    run_params: list[Any],
+    event_cond: str,
+    params: list[Any],
+    window: int,
+    need: int,
+) -> list[str] | None:
+    """The first ``need`` matching runs among the newest ``window``, newest first, or
+    ``None`` when that window holds fewer and there are more runs beyond it."""
+    walked = store.query(
+        "SELECT w.run_id::text FROM (SELECT r.run_id, r.started_at FROM runs r "
+        f"WHERE {run_cond} ORDER BY r.started_at DESC, r.run_id DESC LIMIT %s) w "
+        "CROSS JOIN LATERAL (SELECT 1 FROM agent_execution_events e "
+        f"WHERE e.run_id = w.run_id AND {event_cond} LIMIT 1) m "
+        "ORDER BY w.started_at DESC, w.run_id DESC LIMIT %s",
+        [*run_params, window, *params, need],
+    )
+    if len(walked) == need or _runs_fewer_than(store, run_cond, run_params, window):
+        return [row[0] for row in walked]
+    return None
+
+
+def _runs_fewer_than(store: PostgresStore, run_cond: str, params: list[Any], n: int) -> bool:
+    """Whether fewer than ``n`` runs meet the run conditions (the walk then saw them all)."""
+    rows = store.query(
+        f"SELECT count(*) FROM (SELECT 1 FROM runs r WHERE {run_cond} LIMIT %s) s", [*params, n]
+    )
+    return int(rows[0][0]) < n
