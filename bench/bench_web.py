@@ -2,8 +2,10 @@
 
 Runnable alone: ``python bench/bench_web.py [--quick]``.
 
-(a) the run page of a 10,000-event run (its first 100 cards, HTML), beside the
-store read of those 100 events and the app's floor (``/api/me``), in the same run;
+(a) the run page of a 10,000-event run (its first 100 cards, its last 100, and a jump
+to step 5,000, HTML), beside the store's range read of those 100 events (and of the
+last 100, and the read of the whole run up to them) and the app's floor (``/api/me``),
+in the same run;
 (b) expanding one payload (the HTML fragment, logged to the access log);
 (c) the diff page of two 10,000-event runs, beside ``replayable.diff`` of them;
 (d) run search among 1,000,000 events on PostgreSQL (10,000 runs of 100 events):
@@ -195,11 +197,14 @@ def run(cfg: Config) -> Section:
         app, token = _app(f"sqlite:///{tmp / 'runs.db'}", tmp)
         urls = [f"/runs/{a}", f"/runs/{a}/events/{per_run // 2}", "/api/me"]
         last_page = f"/runs/{a}?page={per_run // 100}"
-        times = _client_times(app, token, [*urls, last_page], repeats)
+        jump = f"/runs/{a}?step={per_run // 2}"
+        times = _client_times(app, token, [*urls, last_page, jump], repeats)
         diff_times = _client_times(app, token, [f"/diff?a={a}&b={b}"], cfg.pick(5, 3))
         reader = SQLiteStore(tmp / "runs.db")
         try:
-            read_100 = _timed(lambda: reader.events_until(a, 101), repeats)
+            read_100 = _timed(lambda: reader.events_range(a, 1, 101), repeats)
+            read_last = _timed(lambda: reader.events_range(a, per_run - 99, per_run + 1), repeats)
+            read_before = _timed(lambda: reader.events_until(a, per_run + 1), repeats)
             lib_diff = _timed(lambda: diff(a, b, store=reader), cfg.pick(3, 2))
         finally:
             reader.close()
@@ -211,10 +216,17 @@ def run(cfg: Config) -> Section:
         f"median of {repeats}; store read of those events {med(read_100):.1f} ms; "
         f"app floor (/api/me) {floor:.2f} ms",
     )
+    last_ms, jump_ms = med(times[last_page]), med(times[jump])
     sec.row(
         "run page, its last 100 cards",
-        f"{med(times[last_page]):.1f} ms",
-        "the store reads every event up to the page (no range read in the store contract)",
+        f"{last_ms:.1f} ms",
+        f"{last_ms / page:.2f}x the first page; the store's range read of them "
+        f"{med(read_last):.1f} ms (reading the run up to them: {med(read_before):.1f} ms)",
+    )
+    sec.row(
+        f"run page, jump to step {per_run // 2:,}",
+        f"{jump_ms:.1f} ms",
+        f"{jump_ms / page:.2f}x the first page",
     )
     sec.row(
         "expanding one payload (HTML fragment)", f"{payload:.1f} ms", "logged to the access log"
@@ -226,12 +238,17 @@ def run(cfg: Config) -> Section:
     )
     sec.targets += [
         Target("run page, first 100 cards", page, RUN_PAGE_MS, "ms"),
+        Target("run page, last 100 cards", last_ms, RUN_PAGE_MS, "ms"),
+        Target(f"run page, jump to step {per_run // 2:,}", jump_ms, RUN_PAGE_MS, "ms"),
         Target("expanding a payload", payload, PAYLOAD_MS, "ms"),
         Target("diff page of two 10,000-event runs", diff_page, DIFF_MS, "ms"),
     ]
     sec.data.update(
         run_page_ms=page,
-        last_page_ms=med(times[last_page]),
+        last_page_ms=last_ms,
+        jump_ms=jump_ms,
+        range_read_last_ms=med(read_last),
+        read_until_last_ms=med(read_before),
         payload_ms=payload,
         floor_ms=floor,
         diff_page_ms=diff_page,

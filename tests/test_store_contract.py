@@ -285,6 +285,84 @@ class StoreContract:
         assert store.event_at(b, 2) != events[1]
         assert store.event_at(new_id(9), 1) is None
 
+    def test_events_range_reads_a_slice_of_a_run(self, store: EventStore) -> None:
+        """``events_range`` returns the run's events first..last (both ends inclusive) and
+        no other run's; a range past the end is cut there, an empty one is empty."""
+        a, b = new_id(1), new_id(2)
+        events = make_events(a, 10)
+        store.append([make_start(a), make_start(b)], [*events, *make_events(b, 12)])
+        assert store.events_range(a, 3, 5) == events[2:5]
+        assert store.events_range(a, 1, 1) == events[:1]
+        assert store.events_range(a, 0, 2) == events[:2]
+        assert store.events_range(a, 8, 50) == events[7:]
+        assert store.events_range(a, 1, 2**40) == events
+        assert store.events_range(a, 11, 20) == []
+        assert store.events_range(a, 5, 4) == []
+        assert store.events_range(new_id(9), 1, 10) == []
+        assert {e.run_id for e in store.events_range(b, 1, 12)} == {b}
+        assert store.events_until(a, 4) == events[:4]
+
+    def test_events_range_follows_appends_out_of_order(self, store: EventStore) -> None:
+        """A range holds what is stored in it, in seq order, whatever the append order;
+        a gap in the run is not filled in."""
+        rid = new_id(1)
+        events = make_events(rid, 6)
+        store.append([make_start(rid)], [events[4], events[1]])
+        assert store.events_range(rid, 1, 6) == [events[1], events[4]]
+        store.append([], [events[5], events[0], events[2]])
+        assert [e.seq for e in store.events_range(rid, 2, 6)] == [2, 3, 5, 6]
+
+    @pytest.mark.parametrize(
+        "bounds", [("3", 5), (1, 5.0), (True, 4), (1, None)], ids=["str", "float", "bool", "none"]
+    )
+    def test_events_range_refuses_bounds_that_are_not_ints(
+        self, store: EventStore, bounds: tuple[Any, Any]
+    ) -> None:
+        """A bound from a URL left as text (or a float, a bool) is refused, naming it."""
+        rid = new_id(1)
+        store.append([make_start(rid)], make_events(rid, 5))
+        which = "first_seq" if type(bounds[0]) is not int else "last_seq"
+        with pytest.raises(ConfigurationError, match=f"events_range: {which} must be an int"):
+            store.events_range(rid, *bounds)
+
+    def test_events_range_joins_payloads_in_the_blob_tier(self, store: EventStore) -> None:
+        """A range of a run whose payloads left the row reads them back whole."""
+        rid = new_id(63)
+        big = "z" * 5000
+        payloads = [
+            (canonical({"doc": big, "n": i}), canonical({"rows": [big, i]}) if i % 2 else None)
+            for i in range(6)
+        ]
+        events = payload_events(rid, payloads)
+        store.append([make_start(rid)], events, [make_end(rid, events)])
+        assert store.tier_stats().blobs >= 1
+        store.tier._nodes.clear()
+        store.tier._texts.clear()
+        got = store.events_range(rid, 2, 4)
+        assert got == events[1:4]
+        assert all(not e.problems for e in got)
+        assert store.events_range(rid, 6, 9) == events[5:]
+
+    def test_events_range_reports_a_bad_blob_in_the_range(self, store: EventStore) -> None:
+        """An altered blob in the range marks its event, and only it; a range beside it
+        reads clean."""
+        import zstandard
+
+        rid = new_id(64)
+        text = "ledger line " * 200
+        events = payload_events(
+            rid, [('{"q":1}', None), (canonical({"doc": text}), None), ('{"q":3}', None)]
+        )
+        store.append([make_start(rid)], events, [make_end(rid, events)])
+        digest = hashlib.sha256(canonical(text).encode()).hexdigest()
+        self.tamper_blob(store, digest, zstandard.compress(canonical(text + "!").encode()))
+        store.tier._texts.clear()
+        got = store.events_range(rid, 1, 3)
+        assert [e.seq for e in got] == [1, 2, 3]
+        assert [bool(e.problems) for e in got] == [False, True, False]
+        assert f"blob {digest[:12]} does not match its hash" in str(got[1].problems)
+        assert store.events_range(rid, 3, 3) == events[2:]
+
     def test_batches_may_span_transactions(self, store: EventStore) -> None:
         """A run's start, events and end may arrive in separate batches, durable or not."""
         rid = new_id(1)
@@ -993,6 +1071,43 @@ class TestSQLiteSpecifics:
         # A rowid table serves the key through its automatic unique index.
         assert "PRIMARY KEY" in text or "sqlite_autoindex_events_1 (run_id=?)" in text
         assert "TEMP B-TREE" not in text
+
+    def test_events_range_is_read_by_key(self, sqlite_path: Path) -> None:
+        """A range is a search of the (run_id, seq) key, not a read of the run and a drop."""
+        store, rid, _ = _filled(sqlite_path)
+        store.close()
+        with raw(sqlite_path) as conn:
+            plan = conn.execute(
+                "EXPLAIN QUERY PLAN SELECT * FROM events "
+                "WHERE run_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+                (rid, 2, 3),
+            ).fetchall()
+        text = " ".join(str(row[-1]) for row in plan)
+        assert "run_id=? AND seq>? AND seq<?" in text, text
+        assert "TEMP B-TREE" not in text
+
+    def test_events_range_reports_a_bad_row_and_reads_the_rest(self, sqlite_path: Path) -> None:
+        """A row altered behind the store's back is read with a problem naming its column;
+        the others of the range are read as stored."""
+        store, rid, events = _filled(sqlite_path)
+        store.close()
+        with raw(sqlite_path) as conn:
+            for (name,) in list(
+                conn.execute("SELECT name FROM sqlite_master WHERE type='trigger'")
+            ):
+                conn.execute(f"DROP TRIGGER {name}")
+            conn.execute(
+                "UPDATE events SET metadata = '{oops' WHERE run_id = ? AND seq = 2", (rid,)
+            )
+            conn.commit()
+        again = SQLiteStore(sqlite_path)
+        try:
+            got = again.events_range(rid, 2, 3)
+            assert [e.seq for e in got] == [2, 3]
+            assert "metadata" in str(got[0].problems)
+            assert got[1] == events[2]
+        finally:
+            again.close()
 
     def test_metadata_tags_indexed(self, sqlite_store: SQLiteStore, sqlite_path: Path) -> None:
         """Metadata tags live in run_tags, keyed so a key=value lookup is an index search."""

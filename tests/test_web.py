@@ -15,6 +15,7 @@ from argon2 import PasswordHasher
 
 from replayable.errors import ConfigurationError
 from replayable.events.audit import AnomalyFlag
+from replayable.events.model import Event
 from replayable.store.sqlite import SQLiteStore
 from replayable.web import UserDB, WebConfig, create_app
 from tests.web_runs import Call, make_run, review_calls, tool
@@ -598,12 +599,26 @@ async def test_diff_names_the_first_divergence(client: httpx.AsyncClient, world:
 
 
 async def test_a_long_run_is_paged_with_jump_to_step(
-    client: httpx.AsyncClient, world: World
+    client: httpx.AsyncClient, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     long = make_run(world.store, [tool("step", {"i": i}, i) for i in range(1, 1001)])
     h = bearer(world, "engineer")
     first = (await client.get(f"/api/runs/{long}", headers=h)).json()
     assert (first["pages"], len(first["events"]), first["events"][0]["seq"]) == (10, 100, 1)
+    # A later page reads its own range by key, never the run up to it.
+    read: list[tuple[int, int]] = []
+    ranged = SQLiteStore.events_range
+
+    def spy(self: SQLiteStore, run_id: str, first_seq: int, last_seq: int) -> list[Event]:
+        read.append((first_seq, last_seq))
+        return ranged(self, run_id, first_seq, last_seq)
+
+    def whole(*args: object) -> None:
+        raise AssertionError("the run page read the whole run")
+
+    monkeypatch.setattr(SQLiteStore, "events_range", spy)
+    monkeypatch.setattr(SQLiteStore, "events_until", whole)
+    monkeypatch.setattr(SQLiteStore, "events", whole)
     jump = (await client.get(f"/api/runs/{long}?step=777", headers=h)).json()
     assert jump["page"] == 8
     assert jump["events"][0]["seq"] == 701
@@ -611,6 +626,7 @@ async def test_a_long_run_is_paged_with_jump_to_step(
     last = (await client.get(f"/api/runs/{long}?page=10", headers=h)).json()
     assert last["events"][-1]["seq"] == 1000
     assert last["events"][-1]["to_next"] is None
+    assert read == [(701, 801), (901, 1001)]
 
 
 # -- modes ----------------------------------------------------------------------------------

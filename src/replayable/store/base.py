@@ -25,6 +25,15 @@ from replayable.store.search import EventQuery, SearchPage, search_in_python
 __all__ = ["EventStore", "RunFilter"]
 
 
+def check_range(first_seq: object, last_seq: object) -> None:
+    """Refuse a range bound that is not an integer (a str from a URL, a float, a bool)."""
+    for name, value in (("first_seq", first_seq), ("last_seq", last_seq)):
+        if type(value) is not int:
+            raise ConfigurationError(
+                f"events_range: {name} must be an int step number, not {value!r}"
+            )
+
+
 class RunFilter:
     """Which runs ``list_runs`` returns; every given condition must hold."""
 
@@ -302,6 +311,18 @@ class EventStore(AuditStore, ABC):
     def events_until(self, run_id: str, seq: int) -> list[Event]:
         """The run's events up to and including ``seq`` (what a partial replay loads)."""
         return [e for e in self.events(run_id) if e.seq <= seq]
+
+    def events_range(self, run_id: str, first_seq: int, last_seq: int) -> list[Event]:
+        """The run's events with ``first_seq <= seq <= last_seq``, ordered by seq: a page
+        of a long run, read by key (the SQL backends) instead of everything before it.
+
+        Both ends are inclusive, as in :meth:`events_until`; a range holding no event
+        (``last_seq < first_seq``, past the run's end, an unknown run) is empty.
+        """
+        check_range(first_seq, last_seq)
+        if last_seq < first_seq:
+            return []
+        return [e for e in self.events_until(run_id, last_seq) if e.seq >= first_seq]
 
     def event_at(self, run_id: str, seq: int) -> Event | None:
         """The run's event ``seq``, or ``None`` (backends look it up by key)."""

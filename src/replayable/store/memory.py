@@ -9,7 +9,7 @@ from typing import ClassVar
 from replayable.errors import AppendOnlyError, RunNotFoundError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._memory_audit import MemoryAudit
-from replayable.store.base import EventStore, RunFilter
+from replayable.store.base import EventStore, RunFilter, check_range
 from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption
 from replayable.store.payloads import (
     BlobRow,
@@ -130,6 +130,13 @@ class MemoryStore(MemoryAudit, EventStore):
         with self._lock:
             by_seq = dict(self._events.get(run_id, {}))
         return self._joined([by_seq[s] for s in sorted(by_seq)])
+
+    def events_range(self, run_id: str, first_seq: int, last_seq: int) -> list[Event]:
+        check_range(first_seq, last_seq)
+        with self._lock:
+            by_seq = self._events.get(run_id, {})
+            found = [by_seq[s] for s in sorted(by_seq) if first_seq <= s <= last_seq]
+        return self._joined(found)
 
     def event_at(self, run_id: str, seq: int) -> Event | None:
         with self._lock:

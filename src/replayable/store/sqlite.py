@@ -24,7 +24,7 @@ from replayable.errors import (
 )
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._sqlite_audit import AUDIT_SCHEMA, AUDIT_TABLES, SQLiteAudit, upgrade_audit
-from replayable.store.base import EventStore, RunFilter, tag_value
+from replayable.store.base import EventStore, RunFilter, check_range, tag_value
 from replayable.store.cold import ArchivedRun, ArchivePart, ColdReader
 from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption, key_rows_for
 from replayable.store.payloads import (
@@ -585,6 +585,17 @@ class SQLiteStore(SQLiteAudit, EventStore):
         if cold is not None:
             return [e for e in self.cold.events(cold) if e.seq <= seq]
         return self._events("WHERE run_id = ? AND seq <= ? ORDER BY seq", (run_id, seq))
+
+    def events_range(self, run_id: str, first_seq: int, last_seq: int) -> list[Event]:
+        check_range(first_seq, last_seq)
+        if last_seq < first_seq:
+            return []
+        cold = self._archived_one(run_id)
+        if cold is not None:
+            return [e for e in self.cold.events(cold) if first_seq <= e.seq <= last_seq]
+        return self._events(
+            "WHERE run_id = ? AND seq BETWEEN ? AND ? ORDER BY seq", (run_id, first_seq, last_seq)
+        )
 
     def event_at(self, run_id: str, seq: int) -> Event | None:
         cold = self._archived_one(run_id)

@@ -17,7 +17,7 @@ import psycopg
 
 from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
-from replayable.store.base import EventStore, RunFilter, tag_value
+from replayable.store.base import EventStore, RunFilter, check_range, tag_value
 from replayable.store.cold import ArchivedRun, ArchivePart, ColdReader
 from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption, key_rows_for
 from replayable.store.payloads import (
@@ -830,6 +830,24 @@ class PostgresStore(PostgresAudit, EventStore):
             (run_id,),
         )
         return self.joined(rows)
+
+    def events_range(self, run_id: str, first_seq: int, last_seq: int) -> list[Event]:
+        check_range(first_seq, last_seq)
+        if last_seq < first_seq or not _is_uuid(run_id):
+            return []
+        cold = self.archived_runs([run_id]).get(run_id)
+        if cold is not None:
+            return [e for e in self.cold.events(cold) if first_seq <= e.seq <= last_seq]
+        rows = self.query(
+            f"SELECT {_EVENT_ROW_COLS} FROM agent_execution_events "
+            "WHERE run_id = %s AND sequence BETWEEN %s AND %s ORDER BY sequence",
+            # Clamped to the column's type, so the bounds stay integers the key serves.
+            (run_id, max(first_seq, -(2**31)), min(last_seq, 2**31 - 1)),
+        )
+        return self.joined(rows)
+
+    def events_until(self, run_id: str, seq: int) -> list[Event]:
+        return self.events_range(run_id, -(2**31), seq)
 
     def event_at(self, run_id: str, seq: int) -> Event | None:
         if not _is_uuid(run_id):
