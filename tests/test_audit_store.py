@@ -445,3 +445,25 @@ def test_an_earlier_sqlite_audit_layout_gains_the_key_column(tmp_path: Path) -> 
         assert verify_annotations(store, rid).ok
     finally:
         store.close()
+
+
+def test_sqlite_workflow_stats_count_calls_through_the_run_key(tmp_path: Path) -> None:
+    """The LLM calls of a workflow's runs are counted through each run's key, never by
+    reading the store's every LLM event for each run (the kind index)."""
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        for n in range(1, 6):
+            recorded(store, n, events=6, workflow="w")
+        issued: list[str] = []
+        reader = store._reader()
+        reader.set_trace_callback(issued.append)
+        try:
+            assert store.workflow_stats(["w"])["w"].runs == 5
+        finally:
+            reader.set_trace_callback(None)
+        (statement,) = [s for s in issued if "run_ends" in s]
+        plan = " ".join(str(row[3]) for row in reader.execute("EXPLAIN QUERY PLAN " + statement))
+        assert "events_kind_name" not in plan, plan
+        assert "SEARCH v USING INDEX sqlite_autoindex_events_1 (run_id=?)" in plan, plan
+    finally:
+        store.close()

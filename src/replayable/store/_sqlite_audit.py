@@ -251,8 +251,11 @@ class SQLiteAudit:
                 "ORDER BY e.ended_at DESC LIMIT ?"
             )
             rows = self._query(
-                f"WITH recent AS ({recent}), per AS (SELECT duration, (SELECT count(*) FROM "
-                "events v WHERE v.run_id = recent.run_id AND v.kind = 'llm') AS n FROM recent) "
+                # LLM calls counted over the run's events (its key): filtering on the kind
+                # let the planner read every LLM event of the store for each run instead.
+                f"WITH recent AS ({recent}), per AS (SELECT duration, (SELECT "
+                "count(CASE WHEN v.kind = 'llm' THEN 1 END) FROM events v "
+                "WHERE v.run_id = recent.run_id) AS n FROM recent) "
                 "SELECT count(*), avg(n), avg(n * n), "
                 "(SELECT duration FROM per ORDER BY duration LIMIT 1 "
                 " OFFSET (SELECT (count(*) - 1) / 2 FROM per)), "
