@@ -88,10 +88,9 @@ def _summary(sections: list[Section], total: float) -> str:
         rec = cap.data["recorded_trivial"]["median_ns"] / 1000
         idle = cap.data["recorded_trivial_writer_idle"]["median_ns"] / 1000
         rep = cap.data["replayed_trivial"]["median_ns"] / 1000
-        peer = cap.data["peer_reference_us"]
         lines.append(
-            f"  ref   trivial tool call: record {rec:.1f} µs steady, {idle:.1f} µs writer idle "
-            f"(peer {peer['record']:.0f}); replay {rep:.1f} µs (peer {peer['replay']:.0f})"
+            f"  ref   trivial tool call: record {rec:.1f} µs steady, {idle:.1f} µs writer idle"
+            f"; replay {rep:.1f} µs"
         )
     missed = sum(1 for s in sections for t in s.targets if t.verdict == "MISS")
     failed = sum(1 for s in sections if s.error is not None)
