@@ -142,13 +142,18 @@ class TierStats(NamedTuple):
 
 
 class TierRows:
-    """The blob-tier rows one batch adds (each digest once)."""
+    """The blob-tier rows one batch adds (each digest once).
 
-    __slots__ = ("blobs", "nodes")
+    ``pending`` holds the text of new blobs until the batch is split, then they are
+    compressed together (:meth:`PayloadTier.split_events`) into ``blobs``.
+    """
+
+    __slots__ = ("blobs", "nodes", "pending")
 
     def __init__(self) -> None:
         self.blobs: dict[tuple[str, str], BlobRow] = {}
         self.nodes: dict[tuple[str, str], NodeRow] = {}
+        self.pending: dict[tuple[str, str], bytes] = {}
 
     def __bool__(self) -> bool:
         return bool(self.blobs or self.nodes)
@@ -203,6 +208,21 @@ def node_digest(parent: str | None, body: str) -> str | None:
 _LONG: Final = re.compile(rf'"[^"]{{{LONG_STRING},}}')
 
 
+def _has_long_string(text: str) -> bool:
+    """Whether ``text`` holds LONG_STRING characters without a quote (a long string may).
+
+    Such a run covers a whole aligned block of half that length, so blocks with a
+    quote in them (most, in JSON) rule it out with one ``find`` each; the pattern only
+    runs where a block has none.
+    """
+    half = LONG_STRING // 2
+    find = text.find
+    for start in range(0, len(text) - half + 1, half):
+        if find('"', start, start + half) < 0:
+            return _LONG.search(text) is not None
+    return False
+
+
 def split_payload(text: str) -> tuple[list[tuple[str, str]], str]:
     """``text`` as (literal, segment) pieces and a trailing literal, which concatenated
     give ``text`` exactly.
@@ -212,7 +232,7 @@ def split_payload(text: str) -> tuple[list[tuple[str, str]], str]:
     literal around it and a long literal becomes a segment. Text that is not
     JSON, or not in the canonical spelling segments are searched by, is one segment.
     """
-    if '"role"' not in text and _LONG.search(text) is None:
+    if '"role"' not in text and not _has_long_string(text):
         return [("", text)], ""  # no message and no long string: nothing to cut at
     found: list[tuple[str, str]] = []
     pos = 0
@@ -301,6 +321,43 @@ class _LRU:
             self._bytes = 0
 
 
+class _Seen:
+    """A bounded set of keys: when full, the older half is forgotten. Adding is safe
+    across threads; a lookup is a plain dict lookup (the hot path)."""
+
+    __slots__ = ("_data", "_lock", "_max")
+
+    def __init__(self, max_items: int) -> None:
+        self._data: dict[Any, None] = {}
+        self._max = max_items
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def update(self, keys: Iterable[Any]) -> None:
+        with self._lock:
+            data = self._data
+            data.update(dict.fromkeys(keys))
+            if len(data) > self._max:
+                self._data = dict.fromkeys(list(data)[len(data) - self._max // 2 :])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data = {}
+
+
+#: A batch with at least this many new blobs is compressed on zstd's threads.
+_THREADED_BATCH: Final = 64
+
+
+def _done() -> None:
+    return None
+
+
 class Unreadable(Exception):
     """A payload the tier could not put back together (missing, altered, erased)."""
 
@@ -340,7 +397,8 @@ class PayloadTier:
     threshold: int = DEFAULT_THRESHOLD
     seal: Sealer | None = None
     open: Opener | None = None
-    _known: _LRU = field(default_factory=lambda: _LRU(200_000, 1 << 62))
+    #: Blob and node keys known to be stored: their text is not compressed or sent again.
+    _known: _Seen = field(default_factory=lambda: _Seen(200_000))
     _nodes: _LRU = field(default_factory=lambda: _LRU(200_000, 1 << 62))
     _texts: _LRU = field(default_factory=lambda: _LRU(50_000, 64 << 20))
     _compressors: dict[str, tuple[str | None, zstandard.ZstdCompressor]] = field(
@@ -350,6 +408,8 @@ class PayloadTier:
         default_factory=dict
     )
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: A zstd compressor is not safe across threads: one batch compresses at a time.
+    _pack_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- writing --------------------------------------------------------------------
 
@@ -363,13 +423,15 @@ class PayloadTier:
         sha256 (64 hex), then the head node's digest (32 hex) and the trailing literal
         unless the payload is a single blob (then the digest is the blob's)."""
         pieces, tail = split_payload(text)
+        pending = rows.pending
+        known = self._known
         if len(pieces) == 1 and pieces[0][1] is text:
             # One segment, the whole payload: the reference is the blob's digest alone.
             data = text.encode()
             blob = hashlib.sha256(data).hexdigest()
             key = (tenant, blob)
-            if key not in rows.blobs and self._known.get(key) is None:
-                rows.blobs[key] = self._blob_row(backend, tenant, blob, data)
+            if key not in known and key not in pending and key not in rows.blobs:
+                pending[key] = data
             return blob
         prefixes: list[str] = []
         blobs: list[str] = []
@@ -382,15 +444,15 @@ class PayloadTier:
                 whole = blob  # the payload is one segment: its digest is the payload's
             blobs.append(blob)
             key = (tenant, blob)
-            if key not in rows.blobs and self._known.get(key) is None:
-                rows.blobs[key] = self._blob_row(backend, tenant, blob, data)
+            if key not in known and key not in pending and key not in rows.blobs:
+                pending[key] = data
             at = prefix_hash(at, literal, blob)
             prefixes.append(at)
         # The longest prefix some node already ends at: only the rest is new.
         start = 0
         for i in range(len(prefixes) - 1, -1, -1):
             key = (tenant, prefixes[i])
-            if key in rows.nodes or self._known.get(key) is not None:
+            if key in rows.nodes or key in known:
                 start = i + 1
                 break
         if start < len(pieces):
@@ -405,20 +467,87 @@ class PayloadTier:
 
     def committed(self, rows: TierRows) -> None:
         """``rows`` are stored: later batches need not compress or send them again."""
-        for key in rows.blobs:
-            self._known.put(key, True)
+        self._known.update(rows.blobs)
+        self._known.update(rows.nodes)
         for key, node in rows.nodes.items():
-            self._known.put(key, True)
             # Only the node's own end is a node: a later payload extends from there.
             self._nodes.put(key, node)
 
-    def _blob_row(self, backend: TierBackend, tenant: str, digest: str, data: bytes) -> BlobRow:
-        dict_id, compressor = self._compressor(backend, tenant)
-        packed = compressor.compress(data)
-        key_id = None
-        if self.seal is not None:
-            key_id, packed = self.seal(tenant, packed, digest)
-        return BlobRow(tenant, digest, codec_name(dict_id, key_id), packed, len(data))
+    def forget_stored(self) -> None:
+        """Forget which blobs and nodes are stored (after some were deleted)."""
+        self._known.clear()
+        self._nodes.clear()
+        self._texts.clear()
+
+    def pack_in_background(self, backend: TierBackend, rows: TierRows) -> Callable[[], None]:
+        """Start compressing the batch's new blobs on another thread (zstd runs without
+        the GIL, so the store writes the event rows meanwhile); the call returned waits
+        for them to be in ``rows.blobs`` and raises what compressing raised.
+
+        A small batch, or one to encrypt (sealing may read or write data keys), is
+        packed here and now."""
+        if len(rows.pending) < _THREADED_BATCH or self.seal is not None:
+            self._pack(backend, rows)
+            return _done
+        # The compressors looked up here: their dictionary is read on this thread.
+        compressors = {t: self._compressor(backend, t) for t, _ in rows.pending}
+        failed: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                self._pack(backend, rows, compressors)
+            except BaseException as exc:  # handed to the waiting thread
+                failed.append(exc)
+
+        worker = threading.Thread(target=work, name="replayable-pack", daemon=True)
+        worker.start()
+
+        def wait() -> None:
+            worker.join()
+            if failed:
+                raise failed[0]
+
+        return wait
+
+    def _pack(
+        self,
+        backend: TierBackend,
+        rows: TierRows,
+        compressors: Mapping[str, tuple[str | None, zstandard.ZstdCompressor]] | None = None,
+    ) -> None:
+        """Compress (and seal) the batch's new blobs, each tenant's with one call into
+        zstd (on its threads for a large batch), into ``rows.blobs``."""
+        pending = rows.pending
+        if not pending:
+            return
+        by_tenant: dict[str, list[tuple[str, bytes]]] = {}
+        for (tenant, digest), data in pending.items():
+            group = by_tenant.get(tenant)
+            if group is None:
+                group = by_tenant[tenant] = []
+            group.append((digest, data))
+        seal = self.seal
+        blobs = rows.blobs
+        for tenant, items in by_tenant.items():
+            found = compressors.get(tenant) if compressors is not None else None
+            dict_id, compressor = found or self._compressor(backend, tenant)
+            datas: list[bytes | bytearray | memoryview[int]] = [data for _, data in items]
+            with self._pack_lock:
+                if len(datas) >= _THREADED_BATCH:
+                    done = compressor.multi_compress_to_buffer(datas, threads=-1)
+                    packed = [done[i].tobytes() for i in range(len(done))]
+                else:
+                    packed = [compressor.compress(data) for _, data in items]
+            codec = codec_name(dict_id, None)
+            for (digest, data), out in zip(items, packed, strict=True):
+                if seal is None:
+                    blobs[(tenant, digest)] = BlobRow(tenant, digest, codec, out, len(data))
+                else:
+                    key_id, sealed = seal(tenant, out, digest)
+                    blobs[(tenant, digest)] = BlobRow(
+                        tenant, digest, codec_name(dict_id, key_id), sealed, len(data)
+                    )
+        pending.clear()
 
     def _compressor(
         self, backend: TierBackend, tenant: str
@@ -588,8 +717,13 @@ class PayloadTier:
         events: Sequence[Event],
         tenant_of: Callable[[str], str],
         rows: TierRows,
+        *,
+        pack: bool = True,
     ) -> list[tuple[Event, str | None, str | None]]:
-        """Each event with its large payloads replaced by placeholders, and their refs."""
+        """Each event with its large payloads replaced by placeholders, and their refs.
+
+        The new blobs are compressed into ``rows.blobs`` unless ``pack`` is false (then
+        they wait in ``rows.pending`` for :meth:`pack_in_background`)."""
         out: list[tuple[Event, str | None, str | None]] = []
         # Encrypting, every payload goes to the tier: none may stay in clear in its row.
         threshold = -1 if self.seal is not None else self.threshold
@@ -612,7 +746,23 @@ class PayloadTier:
                 response=None if big_resp else e.response,
             )
             out.append((stored, req_ref, resp_ref))
+        if pack:
+            self._pack(backend, rows)
         return out
+
+    def any_tiered(self, events: Sequence[Event]) -> bool:
+        """Whether some event of ``events`` has a payload for the tier (one length check
+        per payload: a batch with none costs the append nothing more)."""
+        if self.seal is not None:
+            return bool(events)
+        threshold = self.threshold
+        for e in events:
+            if len(e.request) > threshold:
+                return True
+            r = e.response
+            if r is not None and len(r) > threshold:
+                return True
+        return False
 
     def join_events(
         self,

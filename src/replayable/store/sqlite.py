@@ -79,10 +79,14 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_kind_name ON events (kind, name);
 CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
+-- A rowid table: blobs are appended in write order and only the key index takes
+-- them in digest order (WITHOUT ROWID put the compressed bytes themselves at random
+-- places in the tree, and a batch rewrote most of its pages). Files written before
+-- keep that layout; both are read and written the same way.
 CREATE TABLE IF NOT EXISTS payload_blobs (
     tenant TEXT NOT NULL, subject TEXT NOT NULL, digest TEXT NOT NULL, codec TEXT NOT NULL,
     size INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (tenant, subject, digest)
-) WITHOUT ROWID;
+);
 CREATE TABLE IF NOT EXISTS payload_nodes (
     tenant TEXT NOT NULL, subject TEXT NOT NULL, digest TEXT NOT NULL, parent TEXT,
     body TEXT NOT NULL, PRIMARY KEY (tenant, subject, digest)
@@ -231,6 +235,7 @@ def _statement(head: str, width: int, rows: int, tail: str = "") -> str:
 _RUNS_HEAD = f"INSERT INTO runs ({_RUN_COLS})"
 _TAGS_HEAD = "INSERT OR IGNORE INTO run_tags (key, value, run_id)"
 _EVENTS_HEAD = f"INSERT INTO events ({_EVENT_ROW_COLS})"
+_INLINE_EVENTS_HEAD = f"INSERT INTO events ({_EVENT_COLS})"
 _BLOBS_HEAD = "INSERT INTO payload_blobs (tenant, subject, digest, codec, data, size)"
 _NODES_HEAD = "INSERT INTO payload_nodes (tenant, subject, digest, parent, body)"
 # ON CONFLICT DO NOTHING skips a blob stored already, and nothing else: OR IGNORE
@@ -241,6 +246,10 @@ _FULL = "PRAGMA synchronous=FULL"
 _NORMAL = "PRAGMA synchronous=NORMAL"
 #: How long a write waits for another connection's lock unless bounded (``connect``'s).
 _BUSY_MS = 30_000
+
+
+def _packed() -> None:
+    return None
 
 
 def _dumps(value: Any) -> str:
@@ -410,12 +419,18 @@ class SQLiteStore(SQLiteAudit, EventStore):
         ]
         tier_rows = TierRows()
         tier = self.tier
-        if any(tier.needs_tier(e.request) or tier.needs_tier(e.response) for e in events):
+        if tier.any_tiered(events):
             tenants = self._tenants({e.run_id for e in events}, starts)
-            split = tier.split_events(self, events, tenants.__getitem__, tier_rows)
+            split = tier.split_events(self, events, tenants.__getitem__, tier_rows, pack=False)
+            # Compressed while this thread builds and writes the event rows.
+            packed = tier.pack_in_background(self, tier_rows)
             event_rows = [(*event_to_row(e), rq, rs) for e, rq, rs in split]
+            events_head, event_width = _EVENTS_HEAD, 22
         else:
-            event_rows = [(*event_to_row(e), None, None) for e in events]
+            # No payload for the tier: the rows as before it (the references NULL).
+            event_rows = [event_to_row(e) for e in events]
+            events_head, event_width = _INLINE_EVENTS_HEAD, 20
+            packed = _packed
         end_rows = [
             (
                 r.run_id,
@@ -454,12 +469,20 @@ class SQLiteStore(SQLiteAudit, EventStore):
                 c.execute("BEGIN IMMEDIATE")
                 _insert(c, _RUNS_HEAD, 15, run_rows)
                 _insert(c, _TAGS_HEAD, 3, tag_rows)
+                _insert(c, events_head, event_width, event_rows)
+                # Left running if a statement fails: it only fills this batch's rows.
+                packed()
                 if tier_rows:
+                    spaces = {t: split_space(t) for t, _ in tier_rows.blobs}
+                    # In digest order: each statement walks the key index once, forward.
                     _insert(
                         c,
                         _BLOBS_HEAD,
                         6,
-                        [(*split_space(b[0]), *b[1:]) for b in tier_rows.blobs.values()],
+                        [
+                            (*spaces[t], d, b[2], b[3], b[4])
+                            for (t, d), b in sorted(tier_rows.blobs.items())
+                        ],
                         _SKIP_STORED,
                     )
                     _insert(
@@ -469,7 +492,6 @@ class SQLiteStore(SQLiteAudit, EventStore):
                         [(*split_space(n[0]), *n[1:]) for n in tier_rows.nodes.values()],
                         _SKIP_STORED,
                     )
-                _insert(c, _EVENTS_HEAD, 22, event_rows)
                 _insert(c, _ENDS_HEAD, 9, end_rows)
                 c.execute("COMMIT")
             except sqlite3.Error as exc:
@@ -482,6 +504,12 @@ class SQLiteStore(SQLiteAudit, EventStore):
                     if refused
                     else (f"writing to {self.url} failed: {exc}"),
                 ) from exc
+            except BaseException:
+                # Compressing the batch's blobs failed (or the thread was interrupted):
+                # nothing of the batch stays.
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
         finally:
             lock.release()
         if tier_rows:
