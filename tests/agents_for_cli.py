@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,17 @@ def research(topic: str) -> dict[str, Any]:
     at = replayable.now()
     send_email("team@example.com", f"{len(hits)} hits for {topic}")
     return {"topic": topic, "hits": hits, "at": at}
+
+
+@replayable.workflow("long_search")
+def long_search(n: int, pause: float = 0.0) -> int:
+    """``n`` searches one after another, ``pause`` seconds of the agent's own work after
+    each (a long run whose replay takes a while); another VARIANT changes step 31."""
+    for i in range(n):
+        search_web(f"q{i}" if VARIANT == "original" or i != 30 else "q30 (revised)")
+        if pause:
+            time.sleep(pause)
+    return n
 
 
 @replayable.workflow("broken")

@@ -748,6 +748,45 @@ async def test_a_partial_replay_job_shows_the_paused_step(
     assert "Paused" in page.text
 
 
+async def test_a_replay_job_of_a_long_run_shows_its_progress_growing(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    """Polling a job of a 300-step run sees "step N of 300" grow while it runs, in the
+    JSON and on the page, and the end at 300 of 300."""
+    import asyncio
+
+    import replayable
+    from tests import agents_for_cli
+
+    with replayable.recording(world.store) as rec:
+        agents_for_cli.long_search(300, 0.002)
+    h = bearer(world, "engineer")
+    r = await client.post(f"/api/runs/{rec.run_ids[0]}/replay", headers=h, json={})
+    assert r.status_code == 202, r.text
+    assert r.json()["total_steps"] in (None, 300)  # none before the replay's first step
+    job = r.json()["job_id"]
+    seen: list[int] = []
+    pages: list[str] = []
+    for _ in range(1000):
+        state = (await client.get(f"/api/jobs/{job}", headers=h)).json()
+        if state["state"] == "running" and state["step"] is not None:
+            assert state["total_steps"] == 300
+            seen.append(state["step"])
+            if len(pages) < 1:
+                pages.append((await client.get(f"/jobs/{job}", headers=h)).text)
+        if state["state"] in ("done", "failed"):
+            break
+        await asyncio.sleep(0.01)
+    assert state["state"] == "done", state
+    assert state["result"]["status"] == "identical"
+    assert (state["step"], state["total_steps"]) == (300, 300)
+    assert seen == sorted(seen)
+    assert len(set(seen)) >= 3, seen
+    assert re.search(r'id="job-progress">step \d+ of 300<', pages[0])
+    done = await client.get(f"/jobs/{job}", headers=h)
+    assert 'id="job-progress">step 300 of 300<' in done.text
+
+
 async def test_a_fork_override_of_the_wrong_shape_is_refused(
     client: httpx.AsyncClient, world: World
 ) -> None:

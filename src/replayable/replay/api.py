@@ -31,7 +31,14 @@ from replayable.replay.frames import PausePoint, capture_stack
 from replayable.replay.keys import placeholder_keys
 from replayable.replay.live import LiveSession, Policy
 from replayable.replay.loading import check_records, load_entrypoint
-from replayable.replay.session import ReplayResult, ReplaySession, ReplayStatus, Served, Stop
+from replayable.replay.session import (
+    Progress,
+    ReplayResult,
+    ReplaySession,
+    ReplayStatus,
+    Served,
+    Stop,
+)
 from replayable.store import EventStore, open_store
 
 __all__ = ["PolicyCheck", "execute_session", "load_entrypoint", "prepare", "replay"]
@@ -118,6 +125,7 @@ def replay(
     metadata: Mapping[str, Any] | None = None,
     allow_network: bool = False,
     policies: Iterable[PolicyCheck] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
     """Re-execute a recorded run against its tape.
 
@@ -148,7 +156,15 @@ def replay(
     (or incomplete or paused), the recorded run it reproduced. A pure replay that
     diverged made no run to judge: ``result.policies`` is empty and the
     divergence says why.
+
+    ``progress(step, total)`` is called from the replaying thread as the replay
+    passes the replayed run's steps (a fork's or counterfactual's: its new run's):
+    ``step`` is the step reached, ``total`` the recorded run's step count. It is
+    called about every hundredth of ``total`` steps (at most some 100 times), and
+    once when the replay ends; a callback that raises is warned about and dropped.
     """
+    if progress is not None and not callable(progress):
+        raise ConfigurationError(f"progress must be a callable(step, total), not {progress!r}")
     st = open_store(store)
     run = st.run(run_id)
     live_set, allow = frozenset(live), frozenset(allow_live)
@@ -250,7 +266,14 @@ def replay(
             if stop_at is not None:
                 session.pause_hook = _pause_at(session, stop_at)
         session.allow_network = allow_network
+        watched = None
+        if progress is not None:
+            last = max((e.seq for e in events), default=0)
+            watched = Progress(progress, run.end.event_count if run.end is not None else last)
+            session.watch(watched)
         result = execute_session(session, run, wf, args, kwargs)
+        if watched is not None:
+            watched.final(session.reached())
     checks = tuple(policies)
     if checks:
         judged = result.new_run_id or (run.run_id if result.status != "diverged" else None)

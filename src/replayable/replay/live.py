@@ -29,6 +29,8 @@ from replayable.events.model import Event, Run
 from replayable.replay.divergence import ActualCall, Divergence, field_diff
 from replayable.replay.frames import user_site
 from replayable.replay.session import (
+    NEVER,
+    Progress,
     Served,
     aexecute_replay,
     execute_replay,
@@ -79,6 +81,11 @@ class _Decision:
 class LiveReplayRun(RecordRun):
     """A run of a live replay: decides per call, records everything into the new run."""
 
+    #: The step at which this run next reports progress (the root run, when watched).
+    report_at = NEVER
+    #: The furthest step this run has reached.
+    reached = 0
+
     def __init__(
         self,
         session: LiveSession,
@@ -103,6 +110,9 @@ class LiveReplayRun(RecordRun):
         session.check()
         pol = session.policy
         seq = self.next_seq()
+        self.reached = seq
+        if seq >= self.report_at:
+            self.report_at = session.progress.report(seq)  # type: ignore[union-attr]
         key = st.lineage.next_key()
         req = self._request(request, name, seq)
         tape = self.tape
@@ -425,6 +435,7 @@ class LiveSession(Served, Recording):
         self.fork_seq: int | None = None
         self.new_run_id: str | None = None
         self.blocked: list[int] = []
+        self.root_run: LiveReplayRun | None = None
         self._root_started = False
 
     def _root(
@@ -444,11 +455,24 @@ class LiveSession(Served, Recording):
         tape = Tape(self.root_events)
 
         def factory(run_id: str, root: str) -> RecordRun:
-            return LiveReplayRun(self, run_id, root, tape, mode, self.original.run_id)
+            made = LiveReplayRun(self, run_id, root, tape, mode, self.original.run_id)
+            if self.progress is not None:
+                made.report_at = self.progress.first()
+            self.root_run = made
+            return made
 
         run = self.start_run(wf, args, kwargs, factory=factory)
         self.new_run_id = run.run_id
         return run
+
+    def watch(self, progress: Progress) -> None:
+        """Report the new run's progress to ``progress`` (set before the run starts)."""
+        self.progress = progress
+
+    def reached(self) -> int:
+        """The furthest step of the new run so far."""
+        root = self.root_run
+        return 0 if root is None else root.reached
 
     def run_root(self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         return self.execute(self._root(wf, args, kwargs), wf, args, kwargs)

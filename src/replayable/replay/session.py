@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -143,6 +145,58 @@ async def _served_async(ev: Event) -> Any:
     return served_value(ev)
 
 
+#: The step a run reports its progress at when nobody asked for it: never reached.
+NEVER = sys.maxsize
+
+
+class Progress:
+    """A replay's progress through the replayed run, reported to ``hook(step, total)``
+    at a bounded rate: each time the run passes another hundredth of its ``total``
+    recorded steps (at most about 100 calls whatever its length), and once at the end.
+
+    The run checks one integer per step (``seq >= report_at``); nothing else is done
+    on the hot path. A hook that raises is warned about and not called again: progress
+    is for watching the replay, never a reason for it to fail.
+    """
+
+    __slots__ = ("every", "hook", "last", "total")
+
+    def __init__(self, hook: Callable[[int, int], None], total: int) -> None:
+        self.hook = hook
+        self.total = total
+        self.every = max(1, total // 100)
+        self.last = -1
+
+    def first(self) -> int:
+        """The step the run first reports at."""
+        return min(self.every, max(self.total, 1))
+
+    def report(self, step: int) -> int:
+        """Report reaching ``step``; returns the next step to report at."""
+        self._call(step)
+        return step + self.every if self.last >= 0 else NEVER
+
+    def final(self, step: int) -> None:
+        """The replay ended having reached ``step`` (reported unless it already was)."""
+        if step != self.last:
+            self._call(step)
+
+    def _call(self, step: int) -> None:
+        if self.last == -2:
+            return
+        try:
+            self.hook(step, self.total)
+            self.last = step
+        except Exception as exc:
+            self.last = -2
+            warnings.warn(
+                f"the replay's progress callback raised {type(exc).__name__}: {exc}; "
+                "it is not called again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
 class Served:
     """What a run needs from its session while replaying (shared by every replay mode)."""
 
@@ -156,6 +210,7 @@ class Served:
 
     def _init_served(self, store: EventStore) -> None:
         self.store = store
+        self.progress: Progress | None = None
         self.allow_network = False
         self.events_served = 0
         self.stopped = None
@@ -186,6 +241,9 @@ def _seq(event: Event) -> int:
 
 class ReplayRun(RunContext):
     """A run being replayed: boundaries are answered from its tape."""
+
+    #: The step at which this run next reports progress (the root run, when watched).
+    report_at = NEVER
 
     def __init__(
         self, session: Served, run: Run, events: list[Event], partial: bool = False
@@ -229,6 +287,8 @@ class ReplayRun(RunContext):
                 hook(ev)
             tape.take(ev)
             self.session.events_served += 1
+            if ev.seq >= self.report_at:
+                self.report_at = self.session.progress.report(ev.seq)  # type: ignore[union-attr]
             return ev
         if ev is None and not self.complete and tape.remaining() == 0:
             raise self.session.stop(None)
@@ -434,6 +494,16 @@ class ReplaySession(Served, Session):
                 f"run {self.root.run_id} recorded workflow {recorded!r}, "
                 f"but the entrypoint is workflow {wf.name!r}"
             )
+
+    def watch(self, progress: Progress) -> None:
+        """Report the root run's progress to ``progress``."""
+        self.progress = progress
+        self.root.report_at = progress.first()
+
+    def reached(self) -> int:
+        """The furthest step of the root run served so far."""
+        tape = self.root.tape
+        return max((e.seq for e in tape.events if e.key is not None and tape.served(e)), default=0)
 
     def run_root(self, wf: WorkflowInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         self.claim_root(wf)

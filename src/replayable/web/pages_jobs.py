@@ -60,9 +60,16 @@ class Job:
     finished: float | None = None
     result: dict[str, Any] | None = None
     error: str | None = None
+    #: (step reached, steps recorded), as the replay reports it (``replay(progress=)``).
+    progress: tuple[int, int] | None = None
+
+    def advance(self, step: int, total: int) -> None:
+        """The replay's progress hook (one tuple assigned: readers see a whole pair)."""
+        self.progress = (step, total)
 
     def to_dict(self) -> dict[str, Any]:
         now = time.time()
+        step, total = self.progress or (None, None)
         return {
             "job_id": self.job_id,
             "run_id": self.run_id,
@@ -71,6 +78,8 @@ class Job:
             "state": self.state,
             "created": views.iso(self.created),
             "elapsed_s": round((self.finished or now) - (self.started or now), 3),
+            "step": step,
+            "total_steps": total,
             "result": self.result,
             "error": self.error,
         }
@@ -115,7 +124,9 @@ class JobRunner:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _work(ctx: Ctx, run_id: str, body: ReplayIn) -> Callable[[], dict[str, Any]]:
+def _work(
+    ctx: Ctx, run_id: str, body: ReplayIn, progress: Callable[[int, int], None]
+) -> Callable[[], dict[str, Any]]:
     from replayable.cli._replay import agent_paths
     from replayable.replay import replay
 
@@ -146,6 +157,7 @@ def _work(ctx: Ctx, run_id: str, body: ReplayIn) -> Callable[[], dict[str, Any]]
             live=body.live if body.mode == "counterfactual" else (),
             allow_live=body.allow_live,
             on_side_effect=body.on_side_effect,
+            progress=progress,
         )
         paused = None
         if result.paused is not None:
@@ -190,7 +202,7 @@ def register(
     def start(ctx: Ctx, run: str, body: ReplayIn) -> Job:
         record = ctx.run(run)
         job = Job(uuid.uuid4().hex[:12], record.run_id, ctx.principal.name, body)
-        return runner.submit(job, _work(ctx, record.run_id, body))
+        return runner.submit(job, _work(ctx, record.run_id, body, job.advance))
 
     @api("/runs/{run}/replay", "replay", method="POST", status_code=202)
     def replay_api(ctx: CtxDep, run: str, body: ReplayIn) -> dict[str, Any]:

@@ -64,6 +64,12 @@ function pollJob() {
     if (res.ok) {
       const data = await res.json();
       if (data.state !== job.dataset.state) { window.location.reload(); return; }
+      const progress = document.getElementById("job-progress");
+      if (progress && data.step !== null) {
+        progress.textContent = "step " + data.step.toLocaleString("en") + " of " + data.total_steps.toLocaleString("en");
+      }
+      const elapsed = document.getElementById("job-elapsed");
+      if (elapsed) elapsed.textContent = String(data.elapsed_s);
     }
     pollJob();
   }, 500);
