@@ -274,3 +274,42 @@ def test_archive_to_s3_reads_back_transparently(tmp_path: Path, s3_archive: str)
         _check_archive(store, s3_archive, runs)
     finally:
         store.close()
+
+
+def test_row_groups_hold_whole_runs_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs of mixed sizes, read from the store a few runs at a time: each row group
+    holds whole runs and, but for the last, at least ROW_GROUP_ROWS rows; the rows are in
+    (run, seq) order, and every run reads back from the archive."""
+    from replayable.archive import parquet
+
+    monkeypatch.setattr(parquet, "ROW_GROUP_ROWS", 12)
+    store = SQLiteStore(tmp_path / "runs.db")
+    dest = tmp_path / "archive"
+    try:
+        runs = {}
+        for n, size in enumerate([2, 9, 2, 2, 30, 2, 2, 3, 5, 13, 4], start=1):
+            rid = _record(store, n, events=size)
+            runs[rid] = store.events(rid)
+        report = archive(store, str(dest), older_than=0.0, part_runs=100)
+        assert (report.parts, report.events) == (1, sum(len(e) for e in runs.values()))
+        store.cold.forget()
+        _check_archive(store, str(dest), runs)
+    finally:
+        store.close()
+    for path in sorted(dest.glob("events/**/*.parquet")):
+        meta = pq.ParquetFile(path)
+        groups = [
+            meta.read_row_group(i, columns=["run_id", "seq"]).to_pylist()
+            for i in range(meta.num_row_groups)
+        ]
+        assert len(groups) >= 3
+        owners: dict[str, int] = {}
+        for i, group in enumerate(groups):
+            if i < len(groups) - 1:
+                assert len(group) >= 12
+            for row in group:
+                assert owners.setdefault(row["run_id"], i) == i, "a run split across row groups"
+        flat = [(r["run_id"], r["seq"]) for g in groups for r in g]
+        assert flat == sorted(flat)

@@ -216,32 +216,19 @@ def _write_part(store: EventStore, part: ArchivePart) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    # The rows as stored, not decoded: a damaged row is archived as it is and named by
-    # whoever reads it, as in the hot store.
-    rows = store.stored_rows(part.runs)
     spaces = store.run_spaces(part.runs)
-    columns: list[Sequence[Any]] = (
-        list(zip(*rows, strict=True)) if rows else [() for _ in EVENT_FIELDS]
-    )
     refs: dict[str, set[str]] = {}
-    for run_id, rq, rs in zip(columns[0], columns[20], columns[21], strict=True):
-        if rq is not None or rs is not None:
-            mine = refs.setdefault(spaces.get(run_id, ""), set())
-            mine.update(r for r in (rq, rs) if r is not None)
-    columns[12] = [bool(v) if v in (0, 1) else None for v in columns[12]]
-    bounds = [i for i, rid in enumerate(columns[0]) if i == 0 or rid != columns[0][i - 1]]
-    events = pa.table(
-        {
-            name: pa.array(col, type=_EVENT_TYPES[name])
-            for name, col in zip(EVENT_FIELDS, columns, strict=True)
-        }
-    )
+    schema = pa.schema([(name, _EVENT_TYPES[name]) for name in EVENT_FIELDS])
+    total = 0
     fs, path = filesystem(part.events_url)
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(path, "wb") as out:
-        writer = pq.ParquetWriter(out, events.schema, compression="zstd")
-        for start, stop in _row_groups(bounds, len(rows)):
-            writer.write_table(events.slice(start, stop - start), row_group_size=stop - start)
+        writer = pq.ParquetWriter(out, schema, compression="zstd")
+        for rows in _run_batches(store, sorted(part.runs)):
+            total += len(rows)
+            writer.write_table(_event_table(pa, schema, rows, spaces, refs), len(rows))
+        if not total:
+            writer.write_table(schema.empty_table())
         writer.close()
     nodes: list[NodeRow] = []
     blobs: list[BlobRow] = []
@@ -266,18 +253,59 @@ def _write_part(store: EventStore, part: ArchivePart) -> int:
     with fs.open(path, "wb") as out:
         # Blobs are compressed already; zstd here packs the node rows and the digests.
         pq.write_table(table, out, compression="zstd")
-    return len(rows)
+    return total
 
 
-def _row_groups(bounds: Sequence[int], total: int) -> Iterable[tuple[int, int]]:
-    """Row-group ranges of about ROW_GROUP_ROWS rows, each ending at a run boundary."""
-    start = 0
-    for b in [*bounds[1:], total]:
-        if b - start >= ROW_GROUP_ROWS:
-            yield start, b
-            start = b
-    if start < total:
-        yield start, total
+def _run_batches(store: EventStore, run_ids: Sequence[str]) -> Iterable[list[tuple[Any, ...]]]:
+    """The runs' stored rows (as stored, not decoded: a damaged row is archived as it is
+    and named by whoever reads it), whole runs at a time, about ROW_GROUP_ROWS rows per
+    batch: one row group each. A batch is written and let go before the next is read,
+    so the memory of one is reused by the next, not taken afresh for the whole part."""
+    pending: list[tuple[Any, ...]] = []
+    at, step, seen_runs, seen_rows = 0, 1, 0, 0
+    while at < len(run_ids):
+        chunk = run_ids[at : at + step]
+        at += len(chunk)
+        rows = store.stored_rows(chunk)
+        seen_runs += len(chunk)
+        seen_rows += len(rows)
+        # As many runs next as make up the rest of a row group at the rows per run so far.
+        per_run = max(seen_rows / seen_runs, 1.0)
+        pending.extend(rows)
+        if len(pending) >= ROW_GROUP_ROWS:
+            yield pending
+            pending = []
+        step = max(1, min(500, int((ROW_GROUP_ROWS - len(pending)) / per_run) or 1))
+    if pending:
+        yield pending
+
+
+def _event_table(
+    pa: Any,
+    schema: Any,
+    rows: list[tuple[Any, ...]],
+    spaces: dict[str, str],
+    refs: dict[str, set[str]],
+) -> Any:
+    """One row group's table from its rows (one list per column); the payload references
+    in it added to ``refs`` by key space."""
+    columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
+    last = None
+    mine: set[str] = set()
+    for run_id, rq, rs in zip(columns[0], columns[20], columns[21], strict=True):
+        if rq is not None or rs is not None:
+            if run_id != last:
+                mine = refs.setdefault(spaces.get(run_id, ""), set())
+                last = run_id
+            if rq is not None:
+                mine.add(rq)
+            if rs is not None:
+                mine.add(rs)
+    columns[12] = [True if v == 1 else False if v == 0 else None for v in columns[12]]
+    return pa.table(
+        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
+        schema=schema,
+    )
 
 
 def _types() -> dict[str, Any]:
