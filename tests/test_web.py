@@ -787,6 +787,38 @@ async def test_a_replay_job_of_a_long_run_shows_its_progress_growing(
     assert 'id="job-progress">step 300 of 300<' in done.text
 
 
+async def test_a_replay_job_is_written_to_the_access_log(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    """A replay reads the whole recording: the job appends it to the access log as the
+    engineer, through the API, before the replay runs."""
+    import asyncio
+
+    import replayable
+    from tests import agents_for_cli
+
+    with replayable.recording(world.store) as rec:
+        agents_for_cli.long_search(5, 0.0)
+    run = rec.run_ids[0]
+    before = len(world.store.access_entries(run_id=run))
+    h = {**bearer(world, "engineer"), "x-purpose": "INC-204"}
+    r = await client.post(f"/api/runs/{run}/replay", headers=h, json={})
+    assert r.status_code == 202, r.text
+    job = r.json()["job_id"]
+    for _ in range(500):
+        state = (await client.get(f"/api/jobs/{job}", headers=h)).json()
+        if state["state"] in ("done", "failed"):
+            break
+        await asyncio.sleep(0.01)
+    assert state["state"] == "done", state["error"]
+    assert state["result"]["status"] == "identical"
+    entries = [e for e in world.store.access_entries(run_id=run)[before:] if "replay" in e.what]
+    assert [(e.user, e.role, e.channel, e.purpose) for e in entries] == [
+        ("eng", "engineer", "api", "INC-204")
+    ]
+    assert entries[0].what == ("request", "response", "replay")
+
+
 async def test_a_fork_override_of_the_wrong_shape_is_refused(
     client: httpx.AsyncClient, world: World
 ) -> None:

@@ -1,6 +1,7 @@
 """Replay and fork as background jobs (engineers and admins).
 
-A job runs :func:`replayable.replay` in a worker thread, with the same
+A job runs :meth:`AuditReader.replay` (so the read of the recording is in the
+access log, as for ``replayable replay``) in a worker thread, with the same
 guards as the library and the CLI: side-effect tools are faked from the
 tape unless named allowed-live, and a fork or counterfactual is recorded as
 a new run. The job page polls its JSON twin and, when done, links to the new
@@ -128,9 +129,11 @@ def _work(
     ctx: Ctx, run_id: str, body: ReplayIn, progress: Callable[[int, int], None]
 ) -> Callable[[], dict[str, Any]]:
     from replayable.cli._replay import agent_paths
-    from replayable.replay import replay
 
     store = ctx.store
+    # Read as this user through the audit reader, so the replay's reading of the
+    # recording (and of child runs served from theirs) is in the access log.
+    audit = ctx.reader()
     overrides: dict[int, Any] | None = None
     if body.mode in ("partial", "fork") and body.step is None:
         raise ConfigurationError(f"a {body.mode} replay needs a step")
@@ -148,9 +151,8 @@ def _work(
 
     def work() -> dict[str, Any]:
         agent_paths()
-        result = replay(
+        result = audit.replay(
             run_id,
-            store=store,
             stop_at=body.step if body.mode == "partial" else None,
             fork_at=body.step if body.mode == "fork" else None,
             overrides=overrides,
