@@ -313,3 +313,115 @@ def test_row_groups_hold_whole_runs_in_order(
                 assert owners.setdefault(row["run_id"], i) == i, "a run split across row groups"
         flat = [(r["run_id"], r["seq"]) for g in groups for r in g]
         assert flat == sorted(flat)
+
+
+def _run_with(store: SQLiteStore, n: int, docs: list[str], *, started_at: float) -> str:
+    rid = new_id(n)
+    store.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
+    evs = payload_events(rid, [(canonical({"doc": d}), '{"ok":true}') for d in docs])
+    start = make_start(rid, started_at=started_at)
+    store.append([start], evs, [make_end(rid, evs, start=start)])
+    return rid
+
+
+def _blob_count(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("SELECT count(*) FROM payload_blobs").fetchone()[0])
+
+
+def test_blobs_only_archived_runs_use_are_dropped_and_shared_ones_kept(tmp_path: Path) -> None:
+    """After the archive drops its runs' hot payloads, `drop_archived_blobs` deletes the
+    blobs no hot run references: the archived run still reads back whole from its
+    archive and verifies, the hot run sharing a blob with it keeps that blob, and a
+    second store object on the file (another process's writer) that saw the dropped
+    blob stored writes it again when a new run needs it."""
+    path = tmp_path / "runs.db"
+    shared, only_old, later = "shared " * 300, "archived only " * 300, "later " * 300
+    store = SQLiteStore(path)
+    other = SQLiteStore(path)
+    try:
+        old = _run_with(store, 1, [shared, only_old], started_at=1000.0)
+        hot = _run_with(store, 2, [shared], started_at=4_000_000_000.0)
+        # The other object stores the archived-only payload too: it now takes it as stored.
+        seen = _run_with(other, 3, [only_old, later], started_at=4_000_000_000.0)
+        before = {rid: store.events(rid) for rid in (old, hot, seen)}
+        assert _blob_count(path) == 3
+        archive(store, str(tmp_path / "archive"), older_than=parse_age("30d"))
+        assert store.drop_archived_blobs() == (0, 0)  # the third run still uses it
+        assert verify_run(store, seen).ok
+    finally:
+        store.close()
+        other.close()
+    # Only runs archived with its blob: archive the third run too, then collect.
+    store = SQLiteStore(path)
+    other = SQLiteStore(path)
+    try:
+        archive(store, str(tmp_path / "archive"), older_than=0.0, now=4_000_000_001.0)
+        assert store.archived_ids() == {old, hot, seen}
+        dropped_blobs, _ = store.drop_archived_blobs()
+        assert dropped_blobs == 3
+        assert _blob_count(path) == 0
+        store.cold.forget()
+        for rid, events in before.items():
+            assert store.events(rid) == events
+            assert verify_run(store, rid).ok
+        # The other object remembers "archived only" as stored; its next run needs it.
+        again = _run_with(other, 4, [only_old], started_at=4_000_000_000.0)
+        assert _blob_count(path) == 1
+    finally:
+        store.close()
+        other.close()
+    fresh = SQLiteStore(path)
+    try:
+        [event] = fresh.events(again)
+        assert event.request_value() == {"doc": only_old}
+        assert verify_run(fresh, again).ok
+    finally:
+        fresh.close()
+
+
+def test_a_hot_run_keeps_the_blob_it_shares_with_an_archived_one(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(path)
+    try:
+        shared, mine = "shared " * 300, "mine " * 300
+        old = _run_with(store, 1, [shared, mine], started_at=1000.0)
+        hot = _run_with(store, 2, [shared], started_at=4_000_000_000.0)
+        events = {rid: store.events(rid) for rid in (old, hot)}
+        archive(store, str(tmp_path / "archive"), older_than=parse_age("30d"))
+        assert store.drop_archived_blobs() == (1, 1)  # its blob and its node
+        assert _blob_count(path) == 1
+        store.cold.forget()
+        for rid, evs in events.items():
+            assert store.events(rid) == evs
+            assert verify_run(store, rid).ok
+    finally:
+        store.close()
+    fresh = SQLiteStore(path)  # nothing cached: the hot run's blob is read from the file
+    try:
+        assert fresh.events(hot) == events[hot]
+    finally:
+        fresh.close()
+
+
+def test_an_altered_node_stops_the_blob_drop_before_anything_goes(tmp_path: Path) -> None:
+    """A hot node whose body no longer matches its digest: which blobs it needs is
+    unknown, so nothing is dropped and the error names the node."""
+    from replayable.errors import StoreError
+
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(path)
+    try:
+        old = _run_with(store, 1, ["gone " * 300], started_at=1000.0)
+        _run_with(store, 2, ["kept " * 300], started_at=4_000_000_000.0)
+        archive(store, str(tmp_path / "archive"), older_than=parse_age("30d"))
+        assert old in store.archived_ids()
+        with sqlite3.connect(path) as conn:
+            conn.execute("DROP TRIGGER payload_nodes_no_update")
+            conn.execute("UPDATE payload_nodes SET body = '[[\"x\",\"y\"]]'")
+        before = _blob_count(path)
+        with pytest.raises(StoreError, match=r"payload node \w{12} is altered"):
+            store.drop_archived_blobs()
+        assert _blob_count(path) == before == 2
+    finally:
+        store.close()

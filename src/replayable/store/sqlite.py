@@ -34,6 +34,7 @@ from replayable.store.payloads import (
     PayloadTier,
     TierRows,
     TierStats,
+    node_digest,
     run_space,
     space,
     split_space,
@@ -252,6 +253,48 @@ def _packed() -> None:
     return None
 
 
+def _live(
+    c: sqlite3.Connection, refs: dict[str, set[str]]
+) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """The (tenant, subject, digest) of every node and blob the references need."""
+    nodes: list[tuple[str, str, str]] = []
+    blobs: list[tuple[str, str, str]] = []
+    for key_space, wanted in refs.items():
+        tenant, subject = split_space(key_space)
+        seen: set[str] = set()
+        todo = {r[64:96] for r in wanted if len(r) > 64}
+        blobs.extend((tenant, subject, r) for r in wanted if len(r) == 64)
+        while todo:
+            seen |= todo
+            batch = sorted(todo)
+            todo = set()
+            for start in range(0, len(batch), 500):
+                chunk = batch[start : start + 500]
+                for digest, parent, body in c.execute(
+                    "SELECT digest, parent, CAST(body AS BLOB) FROM payload_nodes WHERE "
+                    f"tenant = ? AND subject = ? AND digest IN ({','.join('?' * len(chunk))})",
+                    [tenant, subject, *chunk],
+                ):
+                    text = bytes(body or b"").decode(errors="replace")
+                    if node_digest(parent, text) != digest:
+                        # Which blobs it needed is unknown: dropping none is the safe answer.
+                        raise StoreError(
+                            f"payload node {digest[:12]} is altered (run `replayable verify`); "
+                            "no blobs were dropped"
+                        )
+                    nodes.append((tenant, subject, digest))
+                    blobs.extend((tenant, subject, piece[1]) for piece in orjson.loads(text))
+                    if parent is not None and parent not in seen:
+                        todo.add(parent)
+    return nodes, blobs
+
+
+def _tier_generation(c: sqlite3.Connection) -> str:
+    """How many times maintenance has dropped blobs from this file ('' for never)."""
+    row = c.execute("SELECT value FROM meta WHERE key = 'tier_generation'").fetchone()
+    return str(row[0]) if row else ""
+
+
 def _dumps(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
@@ -304,6 +347,7 @@ class SQLiteStore(SQLiteAudit, EventStore):
         except BaseException:
             self._conn.close()
             raise
+        self._tier_generation = _tier_generation(self._conn)
         enable_encryption(self)
         self.cold = ColdReader(self)
 
@@ -467,6 +511,18 @@ class SQLiteStore(SQLiteAudit, EventStore):
                     c.execute(f"PRAGMA busy_timeout={busy}")
                     self._busy_ms = busy
                 c.execute("BEGIN IMMEDIATE")
+                if events_head is _EVENTS_HEAD:
+                    generation = _tier_generation(c)
+                    if generation != self._tier_generation:
+                        # Maintenance dropped blobs since this object last looked (here or
+                        # in another process): what it remembers as stored may be gone, so
+                        # the batch's blobs are found again, under this lock.
+                        packed()
+                        tier.forget_stored()
+                        tier_rows = TierRows()
+                        tier.split_events(self, events, tenants.__getitem__, tier_rows)
+                        packed = _packed
+                        self._tier_generation = generation
                 _insert(c, _RUNS_HEAD, 15, run_rows)
                 _insert(c, _TAGS_HEAD, 3, tag_rows)
                 _insert(c, events_head, event_width, event_rows)
@@ -739,6 +795,73 @@ class SQLiteStore(SQLiteAudit, EventStore):
                     exc, f"dropping archived payloads in {self.url} failed: {exc}"
                 ) from exc
         return n
+
+    def drop_archived_blobs(self) -> tuple[int, int]:
+        """Delete the blobs and nodes no hot event references any more (the owner's
+        maintenance step, after :meth:`drop_archived_payloads`): those only archived runs
+        use, whose archive holds its own copy. A blob a hot run shares is kept. Returns
+        (blobs, nodes) deleted. Writers of this file, in any process, notice and stop
+        taking the dropped blobs as stored."""
+        with self._write_lock:
+            c = self._conn
+            try:
+                c.execute("BEGIN IMMEDIATE")
+                refs: dict[str, set[str]] = {}
+                rows = c.execute(
+                    "SELECT run_id, request_ref, response_ref FROM events "
+                    "WHERE request_ref IS NOT NULL OR response_ref IS NOT NULL"
+                ).fetchall()
+                spaces = self._tenants({r[0] for r in rows}, ())
+                for run_id, rq, rs in rows:
+                    mine = refs.setdefault(spaces[run_id], set())
+                    mine.update(r for r in (rq, rs) if r is not None)
+                live_nodes, live_blobs = _live(c, refs)
+                c.execute(
+                    "CREATE TEMP TABLE IF NOT EXISTS live_blobs (t, s, d, PRIMARY KEY (t, s, d))"
+                )
+                c.execute(
+                    "CREATE TEMP TABLE IF NOT EXISTS live_nodes (t, s, d, PRIMARY KEY (t, s, d))"
+                )
+                c.execute("DELETE FROM temp.live_blobs")
+                c.execute("DELETE FROM temp.live_nodes")
+                c.executemany("INSERT OR IGNORE INTO temp.live_blobs VALUES (?, ?, ?)", live_blobs)
+                c.executemany("INSERT OR IGNORE INTO temp.live_nodes VALUES (?, ?, ?)", live_nodes)
+                counts = []
+                for table, live in (
+                    ("payload_blobs", "live_blobs"),
+                    ("payload_nodes", "live_nodes"),
+                ):
+                    c.execute(f"DROP TRIGGER {table}_no_delete")
+                    cur = c.execute(
+                        f"DELETE FROM {table} WHERE NOT EXISTS (SELECT 1 FROM temp.{live} l "
+                        f"WHERE l.t = {table}.tenant AND l.s = {table}.subject "
+                        f"AND l.d = {table}.digest)"
+                    )
+                    counts.append(cur.rowcount)
+                    c.execute(
+                        f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} BEGIN "
+                        f"SELECT RAISE(ABORT, 'replayable: {table} is append-only'); END"
+                    )
+                c.execute("DELETE FROM temp.live_blobs")
+                c.execute("DELETE FROM temp.live_nodes")
+                if any(counts):
+                    c.execute(
+                        "INSERT OR REPLACE INTO meta VALUES ('tier_generation', ?)",
+                        (str(int(_tier_generation(c) or 0) + 1),),
+                    )
+                c.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise store_error(
+                    exc, f"dropping archived blobs in {self.url} failed: {exc}"
+                ) from exc
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
+        self.tier.forget_stored()
+        return counts[0], counts[1]
 
     def _write_one(self, sql: str, params: Sequence[Any]) -> None:
         with self._write_lock:
