@@ -418,7 +418,7 @@ def test_an_altered_node_stops_the_blob_drop_before_anything_goes(tmp_path: Path
         assert old in store.archived_ids()
         with sqlite3.connect(path) as conn:
             conn.execute("DROP TRIGGER payload_nodes_no_update")
-            conn.execute("UPDATE payload_nodes SET body = '[[\"x\",\"y\"]]'")
+            conn.execute('UPDATE payload_nodes SET body = \'[["x","y"]]\'')
         before = _blob_count(path)
         with pytest.raises(StoreError, match=r"payload node \w{12} is altered"):
             store.drop_archived_blobs()
