@@ -74,6 +74,7 @@ MAX_DEPTH: Final = 256
 _PLAIN_ROOTS: Final = frozenset({dict, list, str, int, float, bool, type(None)})
 _SCALARS: Final = frozenset({str, int, bool, type(None)})
 _referents: Final = gc.get_referents
+_CONTAINERS: Final = frozenset({dict, list})
 _I64_MIN: Final = -(2**63)
 _U64_MAX: Final = 2**64 - 1
 
@@ -154,12 +155,22 @@ def encode_value(value: Any) -> tuple[bytes, bool]:
             if t is float:
                 if value - value == 0.0:  # finite; NaN and infinities need a tag
                     return data, False
-            elif _exact(value, data):
-                return data, False
+            else:
+                level = _referents(value)
+                if len(level) <= 8:
+                    # The common small result (a flat dict or list of strings, ints,
+                    # booleans and nulls), checked here without a call.
+                    for item in level:
+                        if type(item) not in _SCALARS:
+                            break
+                    else:
+                        return data, False
+                if _exact(value, data, level):
+                    return data, False
     return dump_tree(to_tree(value)), True
 
 
-def _exact(value: Any, data: bytes) -> bool:
+def _exact(value: Any, data: bytes, level: list[Any]) -> bool:
     """Whether the container ``value``, which orjson wrote as ``data``, reads back as itself.
 
     orjson writes tuples as arrays, enum members, UUIDs, datetimes and dataclasses as
@@ -170,15 +181,30 @@ def _exact(value: Any, data: bytes) -> bool:
     JSON types refuses the fast path. orjson has already refused cycles and anything
     deeper than it writes, so the walk ends. Floats read back as themselves unless one
     is not finite, which orjson wrote as ``null``: only then is the round trip compared.
+    ``level`` is what the container holds (``gc.get_referents(value)``).
     """
-    level = _referents(value)
     floats = False
     while level:
-        types = set(map(type, level))
-        if not types <= _PLAIN_ROOTS:
-            return False
-        if float in types:
-            floats = True
+        if len(level) <= 8:  # a few items: a loop costs less than building a set
+            nested = False
+            for item in level:
+                t = type(item)
+                if t not in _PLAIN_ROOTS:
+                    return False
+                if t is float:
+                    floats = True
+                elif t is dict or t is list:
+                    nested = True
+            if not nested:
+                break
+        else:
+            types = set(map(type, level))
+            if not types <= _PLAIN_ROOTS:
+                return False
+            if float in types:
+                floats = True
+            if types.isdisjoint(_CONTAINERS):
+                break
         level = _referents(*level)
     return not floats or b"null" not in data or bool(orjson.loads(data) == value)
 
