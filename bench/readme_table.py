@@ -40,8 +40,7 @@ def render(results: dict[str, Any], *, allow_busy: bool = False, allow_errors: b
     if not results.get("quiet", False) and not allow_busy:
         raise TableError(
             f"the machine was busy (load average {results.get('load_average_start')} at the "
-            f"start, {results.get('load_average_end')} at the end); rerun on a quiet machine "
-            "or pass --allow-busy"
+            "start); rerun on a quiet machine or pass --allow-busy"
         )
     benches: dict[str, Any] = results.get("benchmarks") or {}
     if not benches:
@@ -56,7 +55,7 @@ def render(results: dict[str, Any], *, allow_busy: bool = False, allow_errors: b
         f"One full `make bench` on {when[:10]} at {when[11:16]} UTC, commit "
         f"`{results.get('commit') or '?'}`, Python {results.get('python', '?')}, "
         f"{results.get('cpus', '?')} CPUs; load average {results.get('load_average_start')} "
-        f"at the start and {results.get('load_average_end')} at the end"
+        f"at the start ({results.get('load_average_end')} at the end, with its own processes)"
         + (f"; CPU floor {floor / 1000:.2f} µs (orjson + sha256 of 1 KB)" if floor else "")
         + ". Written by `bench/readme_table.py`; every ratio is against a baseline "
         "measured in the same run."

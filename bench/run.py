@@ -169,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - started
     load_end = _load()
     print("\n" + _summary(sections, total))
+    # The load at the end includes this run's own processes (the writer, the servers):
+    # only the load at the start says whether other work shared the machine.
     print(
-        f"  load average {_shown_load(load_start)} at the start, {_shown_load(load_end)} at the end"
+        f"  load average {_shown_load(load_start)} at the start, {_shown_load(load_end)} at the "
+        "end (the end includes this run's own processes)"
     )
-    busy = _warn_if_busy("at the end", load_end) | _warn_if_busy(
-        "at the start", load_start, quiet=True
-    )
+    busy = _warn_if_busy("at the start", load_start)
 
     report: dict[str, Any] = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -227,16 +228,15 @@ def _shown_load(load: float | None) -> str:
     return "n/a" if load is None else f"{load:.2f}"
 
 
-def _warn_if_busy(when: str, load: float | None, *, quiet: bool = False) -> bool:
+def _warn_if_busy(when: str, load: float | None) -> bool:
     """Say so when the machine was not quiet; True if it was busy."""
     if load is None or load <= QUIET_LOAD:
         return False
-    if not quiet:
-        print(
-            f"  WARNING: load average {load:.2f} {when} (> {QUIET_LOAD}): other work shared "
-            "the CPUs, so absolute figures are inflated; compare ratios within this run only",
-            flush=True,
-        )
+    print(
+        f"  WARNING: load average {load:.2f} {when} (> {QUIET_LOAD}): other work shared "
+        "the CPUs, so absolute figures are inflated; compare ratios within this run only",
+        flush=True,
+    )
     return True
 
 

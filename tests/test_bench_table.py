@@ -59,7 +59,7 @@ def test_table_lists_every_target_with_the_runs_figures() -> None:
     table = readme_table.render(_results())
     assert "2026-12-01 at 15:20 UTC" in table
     assert "commit `abc1234`" in table
-    assert "load average 0.21 at the start and 0.38 at the end" in table
+    assert "load average 0.21 at the start (0.38 at the end, with its own processes)" in table
     assert "CPU floor 1.87 µs" in table
     assert "| capture | tool overhead, 1 KB arg (µs) | 6.04 µs | ≤ 10 µs | met |" in table
     assert "| capture | tool overhead / floor | 3.4 x | ≤ 3 x | missed |" in table
