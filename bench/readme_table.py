@@ -69,7 +69,7 @@ def render(results: dict[str, Any], *, allow_busy: bool = False, allow_errors: b
             value = t.get("value")
             shown = "not measured" if value is None else f"{_num(value)} {t.get('unit', '')}"
             limit = f"{t.get('op', '<=')} {_num(t.get('limit'))} {t.get('unit', '')}"
-            verdict = {True: "met", False: "missed"}.get(t.get("passed"), "n/a")
+            verdict = {"PASS": "met", "MISS": "missed"}.get(t.get("verdict", ""), "n/a")
             lines.append(
                 f"| {name} | {_cell(t.get('name', '?'))} | {shown.strip()} | "
                 f"{_cell(limit.replace('<=', '≤').replace('>=', '≥')).strip()} | {verdict} |"

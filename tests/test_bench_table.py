@@ -32,16 +32,16 @@ def _results(**over: Any) -> dict[str, Any]:
                 "error": None,
                 "targets": [
                     {"name": "tool overhead, 1 KB arg (µs)", "value": 6.04, "limit": 10.0,
-                     "unit": "µs", "op": "<=", "passed": True},
+                     "unit": "µs", "op": "<=", "verdict": "PASS"},
                     {"name": "tool overhead / floor", "value": 3.4, "limit": 3.0,
-                     "unit": "x", "op": "<=", "passed": False},
+                     "unit": "x", "op": "<=", "verdict": "MISS"},
                 ],
             },
             "ingest": {
                 "error": None,
                 "targets": [
                     {"name": "end to end", "value": 81234.5, "limit": 50000, "unit": "events/s",
-                     "op": ">=", "passed": True},
+                     "op": ">=", "verdict": "PASS"},
                 ],
             },
         },
