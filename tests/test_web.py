@@ -865,3 +865,27 @@ async def test_an_admin_adds_changes_and_removes_accounts(
     assert world.users.get("kim") is None
     page = await client.get("/api/admin/users")
     assert page.json()["retention"]["hot_days"] == 30.0  # the default policy, read-only
+
+
+async def test_a_filter_that_reads_only_the_newest_runs_says_so(
+    client: httpx.AsyncClient, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filter the store cannot apply (here the anomaly rule) looks at the newest runs
+    only: with more runs than that, the page and its JSON say the search was partial,
+    never a silently short list; within the limit they say nothing."""
+    from replayable.web import reads
+
+    h = bearer(world, "analyst")
+    from replayable.store import RunFilter
+
+    total = len(world.store.list_runs(RunFilter(limit=1000)))
+    r = await client.get("/api/runs?rule=empty_data_decision", headers=h)
+    assert r.json()["searched_all"] is True
+    assert r.json()["searched_newest"] is None
+    monkeypatch.setattr(reads, "SCAN_LIMIT", max(1, total - 1))
+    r = await client.get("/api/runs?rule=empty_data_decision", headers=h)
+    assert (r.json()["searched_all"], r.json()["searched_newest"]) == (False, total - 1)
+    page = await client.get("/runs?rule=empty_data_decision", headers=h)
+    assert f"Only the newest {total - 1} runs were searched" in page.text
+    plain = await client.get("/api/runs", headers=h)  # the store pages this one itself
+    assert plain.json()["searched_all"] is True

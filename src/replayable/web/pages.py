@@ -18,7 +18,7 @@ from replayable.errors import AccessDeniedError
 from replayable.events.audit import ROLES, VERDICTS
 from replayable.events.model import BOUNDARY_KINDS, Run
 from replayable.store import verify_run
-from replayable.web import views
+from replayable.web import reads, views
 from replayable.web.app import ctx_of
 from replayable.web.context import Ctx, WebState, route
 from replayable.web.reads import RunQuery, event_count, event_page, list_runs
@@ -113,7 +113,7 @@ def register(app: FastAPI, state: WebState, guard: Callable[[str], Any]) -> None
             per=per,
         )
         reader = ctx.reader()
-        found, steps, more = list_runs(reader, q, ctx.principal.tenant)
+        found, steps, more, complete = list_runs(reader, q, ctx.principal.tenant)
         store = ctx.store
         rows = []
         for r in found:
@@ -129,6 +129,9 @@ def register(app: FastAPI, state: WebState, guard: Callable[[str], Any]) -> None
             "page": q.page,
             "per": q.per,
             "next_page": q.page + 1 if more else None,
+            # False when a filter the store cannot apply looked at the newest runs only.
+            "searched_all": complete,
+            "searched_newest": None if complete else reads.SCAN_LIMIT,
             "runs": rows,
             "verdicts": list(VERDICTS),
             "kinds": list(BOUNDARY_KINDS),

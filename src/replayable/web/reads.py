@@ -19,7 +19,7 @@ from replayable.store import EventStore, RunFilter
 __all__ = ["RunQuery", "event_count", "event_page", "list_runs"]
 
 #: Most runs a filtered or re-sorted listing reads before paging in Python.
-_SCAN_LIMIT = 10_000
+SCAN_LIMIT = 10_000
 _SORTS = ("-started", "started", "workflow", "-workflow", "status", "-status", "duration")
 
 
@@ -119,9 +119,12 @@ def _sort_key(sort: str) -> Any:
 
 def list_runs(
     reader: AuditReader, q: RunQuery, tenant: str | None
-) -> tuple[list[Run], dict[str, list[Event]], bool]:
+) -> tuple[list[Run], dict[str, list[Event]], bool, bool]:
     """One page of runs matching ``q`` (``tenant``: the only tenant the user may see),
-    the matching steps of each (event-level filters), and whether a next page exists."""
+    the matching steps of each (event-level filters), whether a next page exists, and
+    whether every run was searched: filters and sorts the store cannot apply (tenant,
+    anomaly rule, verdict, sort) look at the newest :data:`SCAN_LIMIT` runs only, and
+    the page says so when more runs were left unread."""
     from replayable.cli._options import parse_meta, parse_status, parse_when
 
     store = reader.store
@@ -138,10 +141,11 @@ def list_runs(
             until=q.until,
             meta=list(q.meta),
             where=list(q.where),
-            limit=_SCAN_LIMIT if post else q.per + 1,
+            limit=SCAN_LIMIT if post else q.per + 1,
             offset=0 if post else offset,
         )
         page = store.search(eq)
+        complete = not post or page.next_offset is None
         runs = [h.run for h in page.hits]
         steps = {h.run_id: h.events for h in page.hits}
         if q.status:
@@ -162,9 +166,10 @@ def list_runs(
                 metadata=parse_meta(q.meta),
                 since=parse_when(q.since, "since"),
                 until=parse_when(q.until, "until"),
-                limit=_SCAN_LIMIT if post else offset + q.per + 1,
+                limit=SCAN_LIMIT if post else offset + q.per + 1,
             )
         )
+        complete = not post or len(runs) < SCAN_LIMIT
         if not post:
             runs = runs[offset:]
     if want_tenant is not None:
@@ -179,7 +184,7 @@ def list_runs(
         runs.sort(key=_sort_key(q.sort), reverse=q.sort.startswith("-") or q.sort == "duration")
         runs = runs[offset:]
     more = len(runs) > q.per
-    return runs[: q.per], steps, more
+    return runs[: q.per], steps, more, complete
 
 
 def _with_verdict(reader: AuditReader, runs: Sequence[Run], verdict: str) -> list[Run]:
