@@ -192,3 +192,29 @@ def test_find_policy_by_attribute_registry_or_sole_policy():
     assert find_policy("tests.test_policies:test_delete_confirmed") is delete_confirmed
     with pytest.raises(ValueError, match="cannot import no_such_module"):
         find_policy("no_such_module:x")
+
+
+def test_cli_check_is_written_to_the_access_log(store):
+    """Policies read a run's payloads: ``check RUN`` and ``check --name …`` log each run
+    judged (and the search that found it) as the acting user, through the CLI."""
+    bad = _record(store, agents_policies.tidy_calendar, "ops")
+    before = len(store.access_entries(run_id=bad))
+    runner = CliRunner()
+    spec = "tests.test_policies:delete_confirmed"
+    env = {"REPLAYABLE_USER": "rita", "REPLAYABLE_ROLE": "engineer"}
+    res = runner.invoke(
+        app, ["--store", store.url, "check", bad, "--policy", spec, "--purpose", "INC-7"], env=env
+    )
+    assert res.exit_code == 1, res.output
+    res = runner.invoke(
+        app, ["--store", store.url, "check", "--name", "delete_event", "--policy", spec], env=env
+    )
+    assert res.exit_code == 1, res.output
+    entries = store.access_entries(run_id=bad)[before:]
+    assert [(e.user, e.channel, e.what) for e in entries] == [
+        ("rita", "cli", ("request", "response", "policy")),
+        ("rita", "cli", ("search",)),
+        ("rita", "cli", ("request", "response", "policy")),
+    ]
+    assert entries[0].purpose == "INC-7"
+    assert entries[0].steps == tuple(e.seq for e in store.events(bad))

@@ -21,6 +21,7 @@ from replayable.events.model import Event, Run
 from replayable.store.base import EventStore
 
 if TYPE_CHECKING:
+    from replayable.audit.policies import Policy, PolicyResult
     from replayable.audit.scan import QueueItem
     from replayable.diff.result import RunDiff
     from replayable.replay.session import ReplayResult
@@ -243,6 +244,16 @@ class AuditReader:
             ("request", "response", "replay"), self._tapes(record, options.get("children", "tape"))
         )
         return replay(record.run_id, store=self.store, **options)
+
+    def check(self, run: str | Run, policies: Iterable[Policy]) -> list[PolicyResult]:
+        """Every policy's verdict on a recorded run, logged first as a read of the run
+        and its child runs (policies read their events)."""
+        from replayable.audit.policies import check_run
+
+        require(self.actor, "read", "judge recorded runs")
+        record = self._record(run)
+        self._log_runs(("request", "response", "policy"), self._tapes(record, "tape"))
+        return check_run(self.store, record.run_id, policies)
 
     def stepper(self, run: str | Run) -> Stepper:
         """A :class:`~replayable.replay.stepper.Stepper` on the run, logged like a replay."""

@@ -19,7 +19,8 @@ from typing import Annotated
 import orjson
 import typer
 
-from replayable.cli._context import fail, state, whole_stdout
+from replayable.cli._context import fail, whole_stdout
+from replayable.cli.audit import AsUser, Purpose, RoleOpt, reader
 from replayable.cli.query import Kind, Meta, Name, Since, Until, Where, Workflow, build_query
 
 __all__ = ["check", "register"]
@@ -43,9 +44,13 @@ def check(
     where: Where = None,
     limit: Annotated[int, typer.Option(help="At most this many runs from the filters.")] = 1000,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+    user: AsUser = None,
+    role: RoleOpt = None,
+    purpose: Purpose = None,
 ) -> None:
-    """Judge recorded runs by decision policies; each verdict names the policy's version."""
-    from replayable.audit.policies import check_run, find_policy
+    """Judge recorded runs by decision policies; each verdict names the policy's version.
+    Each run judged is written to the access log (policies read its payloads)."""
+    from replayable.audit.policies import find_policy
 
     if not policies:
         raise fail("check needs at least one --policy module:name")
@@ -55,9 +60,9 @@ def check(
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # policies live in the project, as with python -m
     chosen = [find_policy(p) for p in policies]
-    store = state(ctx).store()
+    audit = reader(ctx, user, role, purpose)
     if run is not None:
-        run_ids = [store.resolve(run)]
+        run_ids = [audit.store.resolve(run)]
     else:
         q = build_query(
             workflow=workflow,
@@ -69,11 +74,11 @@ def check(
             where=where,
             limit=limit,
         )
-        run_ids = [hit.run_id for hit in store.search(q).hits]
+        run_ids = [hit.run_id for hit in audit.search(q).hits]
     out = whole_stdout()
     failed = 0
     for run_id in run_ids:
-        for result in check_run(store, run_id, chosen):
+        for result in audit.check(run_id, chosen):
             failed += not result.passed
             if as_json:
                 typer.echo(orjson.dumps(result.to_json()).decode())
