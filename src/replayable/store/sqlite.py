@@ -24,16 +24,16 @@ from replayable.errors import (
 )
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._sqlite_audit import AUDIT_SCHEMA, AUDIT_TABLES, SQLiteAudit, upgrade_audit
+from replayable.store._tier_sql import TierReads
 from replayable.store.base import EventStore, RunFilter, check_range, tag_value
 from replayable.store.cold import ArchivedRun, ArchivePart, ColdReader
-from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption, key_rows_for
+from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption
 from replayable.store.payloads import (
     SUBJECT_KEY,
     BlobRow,
     NodeRow,
     PayloadTier,
     TierRows,
-    TierStats,
     node_digest,
     run_space,
     space,
@@ -317,8 +317,10 @@ def store_error(exc: sqlite3.Error | OSError, message: str) -> StoreError:
     return error
 
 
-class SQLiteStore(SQLiteAudit, EventStore):
+class SQLiteStore(SQLiteAudit, TierReads, EventStore):
     """Runs in one SQLite file. Writes go through one connection; reads use one per thread."""
+
+    _BLOB_DATA = "CAST(data AS BLOB)"  # the column is untyped: read it as bytes
 
     def __init__(self, path: Path | str) -> None:
         self._memory = str(path) == ":memory:"
@@ -964,44 +966,8 @@ class SQLiteStore(SQLiteAudit, EventStore):
                 raise store_error(exc, f"writing a dictionary to {self.url} failed: {exc}") from exc
         self.tier.forget_dictionaries()
 
-    def tier_sample(self, tenant: str, limit: int) -> list[BlobRow]:
-        rows = self._query(
-            "SELECT tenant, subject, digest, codec, CAST(data AS BLOB), size FROM payload_blobs "
-            "WHERE tenant = ? ORDER BY digest LIMIT ?",
-            (tenant, limit),
-        )
-        return [BlobRow(space(r[0], r[1]), r[2], r[3], bytes(r[4]), r[5]) for r in rows]
-
-    def tier_stats(self) -> TierStats:
-        b = self._query(
-            "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(length(data)), 0) "
-            "FROM payload_blobs"
-        )[0]
-        n = self._query(
-            "SELECT count(*), coalesce(sum(length(digest) + coalesce(length(parent), 0) "
-            "+ length(body)), 0) FROM payload_nodes"
-        )[0]
-        return TierStats(int(b[0]), int(b[1]), int(b[2]), int(n[0]), int(n[1]))
-
-    def tier_tenants(self) -> list[str]:
-        return [str(r[0]) for r in self._query("SELECT DISTINCT tenant FROM payload_blobs")]
-
-    # -- data keys --------------------------------------------------------------------
-
-    def key_rows(self, tenant: str, subject: str | None) -> list[KeyRow]:
-        sql = "SELECT tenant, subject, key_id, kek_id, wrapped, created_at FROM data_keys "
-        if subject is None:
-            return key_rows_for(self._query(sql + "WHERE tenant = ?", (tenant,)))
-        return key_rows_for(
-            self._query(sql + "WHERE tenant = ? AND subject = ?", (tenant, subject))
-        )
-
-    def all_key_rows(self) -> list[KeyRow]:
-        return key_rows_for(
-            self._query(
-                "SELECT tenant, subject, key_id, kek_id, wrapped, created_at FROM data_keys"
-            )
-        )
+    def _tier_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return self._query(sql, params)
 
     def put_key_rows(self, rows: Sequence[KeyRow]) -> None:
         with self._write_lock:

@@ -17,16 +17,16 @@ import psycopg
 
 from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
+from replayable.store._tier_sql import TierReads
 from replayable.store.base import EventStore, RunFilter, check_range, tag_value
 from replayable.store.cold import ArchivedRun, ArchivePart, ColdReader
-from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption, key_rows_for
+from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption
 from replayable.store.payloads import (
     SUBJECT_KEY,
     BlobRow,
     NodeRow,
     PayloadTier,
     TierRows,
-    TierStats,
     space,
     split_space,
     subject_text,
@@ -111,7 +111,7 @@ def run_tags(metadata: dict[str, Any]) -> list[str]:
     return tags
 
 
-class PostgresStore(PostgresAudit, EventStore):
+class PostgresStore(PostgresAudit, TierReads, EventStore):
     """Runs in a PostgreSQL schema. ``tenant`` scopes every read and write (row-level security).
 
     Open one with ``open_store("postgresql://user@host/db?tenant=acme")`` or
@@ -559,42 +559,8 @@ class PostgresStore(PostgresAudit, EventStore):
                 raise_store_error(exc, self.target, "writing a dictionary")
         self.tier.forget_dictionaries()
 
-    def tier_sample(self, tenant: str, limit: int) -> list[BlobRow]:
-        rows = self.query(
-            "SELECT tenant, subject, digest, codec, data, size FROM payload_blobs "
-            "WHERE tenant = %s ORDER BY digest LIMIT %s",
-            (tenant, limit),
-        )
-        return [BlobRow(space(r[0], r[1]), r[2], r[3], bytes(r[4]), r[5]) for r in rows]
-
-    def tier_stats(self) -> TierStats:
-        b = self.query(
-            "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(length(data)), 0) "
-            "FROM payload_blobs"
-        )[0]
-        n = self.query(
-            "SELECT count(*), coalesce(sum(length(digest) + coalesce(length(parent), 0) "
-            "+ length(body)), 0) FROM payload_nodes"
-        )[0]
-        return TierStats(int(b[0]), int(b[1]), int(b[2]), int(n[0]), int(n[1]))
-
-    def tier_tenants(self) -> list[str]:
-        return [str(r[0]) for r in self.query("SELECT DISTINCT tenant FROM payload_blobs")]
-
-    # -- data keys --------------------------------------------------------------------
-
-    def key_rows(self, tenant: str, subject: str | None) -> list[KeyRow]:
-        sql = "SELECT tenant, subject, key_id, kek_id, wrapped, created_at FROM data_keys "
-        if subject is None:
-            return key_rows_for(self.query(sql + "WHERE tenant = %s", (tenant,)))
-        return key_rows_for(
-            self.query(sql + "WHERE tenant = %s AND subject = %s", (tenant, subject))
-        )
-
-    def all_key_rows(self) -> list[KeyRow]:
-        return key_rows_for(
-            self.query("SELECT tenant, subject, key_id, kek_id, wrapped, created_at FROM data_keys")
-        )
+    def _tier_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return self.query(sql.replace("?", "%s"), params)
 
     def put_key_rows(self, rows: Sequence[KeyRow]) -> None:
         with self._write_lock:
