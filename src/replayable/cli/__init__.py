@@ -17,6 +17,7 @@ from replayable.cli import anomalies as _anomalies
 from replayable.cli import archive as _archive
 from replayable.cli import audit as _audit
 from replayable.cli import check as _check
+from replayable.cli import compactor as _compactor
 from replayable.cli import db as _db
 from replayable.cli import erase as _erase
 from replayable.cli import fixtures as _fixtures
@@ -78,6 +79,7 @@ _keys.register(app)
 _anomalies.register(app)
 _query.register(app)
 _status.register(app)
+_compactor.register(app)
 _fixtures.register(app)
 _check.register(app)
 _web.register(app)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from replayable.store.postgres import PostgresStore
+    from replayable.store.stream import StreamStore
 
 from replayable.errors import ConfigurationError, StoreError
 from replayable.store.base import EventStore, RunFilter
@@ -23,6 +24,7 @@ __all__ = [
     "StoreReport",
     "open_store",
     "postgres_store_class",
+    "stream_store_class",
     "verify_run",
     "verify_store",
 ]
@@ -32,7 +34,10 @@ DEFAULT_STORE_URL = "sqlite:///./.replayable/runs.db"
 
 def open_store(url: str | EventStore | None = None, *, create: bool = True) -> EventStore:
     """Open a store by URL: ``sqlite:///path``, ``memory://``, ``memory://name`` or
-    ``postgresql://user@host:port/db?tenant=…&schema=…``.
+    ``postgresql://user@host:port/db?tenant=…&schema=…``, or
+    ``nats://host:port?stream=NAME&sink=<one of those>`` (records go through a
+    JetStream stream; ``replayable compactor`` moves them into the sink, see
+    :mod:`replayable.store.stream`).
 
     With no URL, ``$REPLAYABLE_STORE`` is used, else ``sqlite:///./.replayable/runs.db``.
     A relative SQLite path is taken from the current directory. With
@@ -63,9 +68,11 @@ def open_store(url: str | EventStore | None = None, *, create: bool = True) -> E
         return SQLiteStore(Path(path))
     if scheme in ("postgresql", "postgresql+psycopg"):
         return postgres_store_class()(url, create=create)
+    if scheme == "nats":
+        return stream_store_class()(url, create=create)
     raise ConfigurationError(
         f"unknown store scheme {scheme!r} in {url!r}; "
-        "expected sqlite://, memory:// or postgresql://"
+        "expected sqlite://, memory://, postgresql:// or nats://"
     )
 
 
@@ -82,3 +89,17 @@ def postgres_store_class() -> type[PostgresStore]:
             f"libpq: {exc}); install the extra: pip install 'replayable[postgres]'"
         ) from exc
     return PostgresStore
+
+
+def stream_store_class() -> type[StreamStore]:
+    """The JetStream store class; a ConfigurationError naming the extra if nats-py is missing."""
+    try:
+        import nats  # noqa: F401
+    except ImportError as exc:
+        raise ConfigurationError(
+            "nats:// stores need nats-py, which is not installed; "
+            "install the extra: pip install 'replayable[nats]'"
+        ) from exc
+    from replayable.store.stream import StreamStore
+
+    return StreamStore

@@ -25,6 +25,9 @@ def shown_url(url: str) -> str:
         from replayable.store.postgres._connect import parse_url
 
         return parse_url(url).display
+    if url.startswith("nats://"):
+        head, sep, sink = url.partition("sink=")
+        return head + sep + shown_url(sink) if sep else url
     return url
 
 

@@ -1,0 +1,445 @@
+"""Ingest through NATS JetStream: the stream store, the compactor, reads of what is
+still in the stream, outages (fault proxy) and ``replayable status``; against the real
+server on 127.0.0.1:4222 and the real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from typer.testing import CliRunner
+
+import replayable
+from replayable.archive.stream import Compactor, stream_state
+from replayable.capture.writer import writer_for
+from replayable.cli import app
+from replayable.errors import ConfigurationError, RunNotFoundError, StoreUnavailableError
+from replayable.store import open_store
+from replayable.store.postgres import PostgresStore
+from replayable.store.stream import StreamStore, decode, parse_stream_url
+from replayable.store.verify import verify_store
+from tests import test_store_contract as contract
+from tests.faultproxy import FaultProxy
+from tests.nats_helpers import SERVER, stream_name
+from tests.pg_helpers import PgServer, pg
+from tests.test_store_contract import make_end, make_events, make_start, new_id
+
+__all__ = ["pg", "stream_name"]
+
+pytestmark = pytest.mark.slow
+
+BOUND = 1.0
+
+
+@replayable.tool
+def lookup(i: int) -> int:
+    return i * 3
+
+
+@replayable.workflow
+def ingest_agent(n: int) -> int:
+    return sum(lookup(i) for i in range(n))
+
+
+@pytest.fixture
+def sink_url(pg: PgServer) -> str:
+    return pg.url(pg.new_schema("ingest"))
+
+
+@pytest.fixture
+def url(stream_name: str, sink_url: str) -> str:
+    return f"nats://{SERVER}?stream={stream_name}&sink={sink_url}"
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[StreamStore]:
+    s = open_store(url)
+    assert isinstance(s, StreamStore)
+    yield s
+    s.close()
+
+
+def start_of(run_id: str, **kwargs: Any) -> Any:
+    """A run start with no environment snapshot (verify would look for its blob)."""
+    start = msgspec.structs.replace(make_start(run_id, **kwargs), env_hash=None)
+    contract._STARTS[run_id] = start  # what make_end seals
+    return start
+
+
+def compact(url: str, **kwargs: Any) -> Any:
+    return Compactor(url, **kwargs).run(until_idle=0.5, max_seconds=30)
+
+
+def messages(store: StreamStore) -> list[tuple[str, str | None, str, Any]]:
+    """Every message in the stream: (subject, message id, kind, record)."""
+
+    async def read() -> list[tuple[str, str | None, str, Any]]:
+        js = await store.client.js()
+        info = await js.stream_info(store.stream)
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            msg = await js.get_msg(store.stream, seq)
+            kind, record = decode(msg.data)
+            out.append((msg.subject, (msg.headers or {}).get("Nats-Msg-Id"), kind, record))
+        return out
+
+    return store.client.run(read(), "reading", timeout=20)
+
+
+# -- the URL --------------------------------------------------------------------------
+
+
+def test_url_names_stream_and_sink_and_masks_the_password() -> None:
+    cfg, sink, _ = parse_stream_url(
+        "nats://127.0.0.1:4222?stream=s1&replicas=3&sink=postgresql://u:pw@h/db?schema=x&tenant=t"
+    )
+    assert (cfg.stream, cfg.prefix, cfg.replicas) == ("s1", "s1", 3)
+    assert sink == "postgresql://u:pw@h/db?schema=x&tenant=t"
+    _, encoded, _ = parse_stream_url("nats://h?stream=s&sink=sqlite%3A%2F%2F%2Ftmp%2Fx.db")
+    assert encoded == "sqlite:///tmp/x.db"
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("nats://h:4222?stream=s", "names no sink"),
+        ("nats://h:4222?stream=s&colour=red&sink=memory://", "unknown option 'colour'"),
+        ("nats://h:4222?stream=a.b&sink=memory://", "stream 'a.b'"),
+        ("nats://h:4222?stream=s&replicas=0&sink=memory://", "replicas"),
+        ("nats://h:4222?stream=s&sink=nats://h?stream=t", "cannot be a stream"),
+        ("nats://h:4222/subject?stream=s&sink=memory://", "not a path"),
+    ],
+)
+def test_bad_urls_say_what_is_wrong(bad: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        parse_stream_url(bad)
+
+
+def test_shown_url_masks_the_sink_password(stream_name: str, pg: PgServer) -> None:
+    schema = pg.new_schema("mask")
+    base = pg.url(schema).replace("postgresql://postgres@", "postgresql://postgres:hunter2@")
+    s = open_store(f"nats://{SERVER}?stream={stream_name}&sink={base}")
+    try:
+        assert "hunter2" not in s.url
+        assert "hunter2" in s.connect_url()
+        assert f"stream={stream_name}" in s.url
+    finally:
+        s.close()
+
+
+def test_a_stream_made_for_other_subjects_is_refused(stream_name: str) -> None:
+    base = f"nats://{SERVER}?stream={stream_name}"
+    first = open_store(f"{base}&subject={stream_name}_one&sink=memory://")
+    first.close()
+    with pytest.raises(ConfigurationError, match=f"not {stream_name}_two"):
+        open_store(f"{base}&subject={stream_name}_two&sink=memory://")
+
+
+def test_unreachable_server_is_unavailable_at_once() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnavailableError):
+        open_store("nats://127.0.0.1:9?stream=nowhere&timeout=1&sink=memory://")
+    assert time.monotonic() - t0 < 5
+
+
+# -- publishing -----------------------------------------------------------------------
+
+
+def test_records_are_published_by_tenant_workflow_and_run_with_their_keys(
+    store: StreamStore, tmp_path: Path
+) -> None:
+    """Each record is one message on <stream>.<tenant>.<workflow>.<run>, its id the key."""
+    with replayable.recording(store, spool_dir=tmp_path, metadata={"team": "x"}) as rec:
+        assert ingest_agent(4) == 18
+    (run_id,) = rec.run_ids
+    found = [m for m in messages(store) if m[2] != "b"]
+    subject = f"{store.stream}._.ingest_agent.{run_id}"
+    assert [(s, mid, kind) for s, mid, kind, _ in found] == [
+        (subject, f"{run_id}:s", "s"),
+        *[(subject, f"{run_id}:{i}", "e") for i in range(1, 5)],
+        (subject, f"{run_id}:x", "x"),
+    ]
+    assert [r.seq for _, _, k, r in found if k == "e"] == [1, 2, 3, 4]
+    # The records carry the writer's hash chain.
+    events = [r for _, _, k, r in found if k == "e"]
+    assert events[0].chain_index == 0
+    assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(events))
+
+
+def test_a_retried_publish_is_dropped_by_the_server(store: StreamStore) -> None:
+    run_id = new_id(1)
+    start = start_of(run_id, tenant="acme")
+    events = make_events(run_id, 5)
+    store.append([start], events, [make_end(run_id, events)])
+    depth = stream_state(store.url)["depth"]
+    assert depth == 7
+    store.append([start], events, [make_end(run_id, events)])  # the same batch again
+    assert stream_state(store.url)["depth"] == depth
+    assert messages(store)[0][0] == f"{store.stream}.acme.triage.{run_id}"
+
+
+# -- reading what is not compacted yet -------------------------------------------------
+
+
+def test_a_run_still_in_the_stream_is_read_from_it(store: StreamStore, url: str) -> None:
+    run_id = new_id(2)
+    start = start_of(run_id)
+    events = make_events(run_id, 6)
+    store.append([start], events[:4], [])
+    assert store.pending_runs() == {run_id: 5}
+    assert store.get_run(run_id).status == "incomplete"
+    assert [e.seq for e in store.events(run_id)] == [1, 2, 3, 4]
+    assert [r.run_id for r in store.list_runs()] == [run_id]
+    assert store.count_runs() == 1
+    assert store.resolve(run_id[:10]) == run_id
+    compact(url)
+    assert store.pending_runs() == {}
+    # Half compacted, half in the stream: both halves are read.
+    store.append([], events[4:], [make_end(run_id, events)])
+    assert store.get_run(run_id).status == "completed"
+    assert [e.seq for e in store.events(run_id)] == [1, 2, 3, 4, 5, 6]
+    compact(url)
+    assert [e.seq for e in store.sink.events(run_id)] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(RunNotFoundError):
+        store.get_run(new_id(99))
+
+
+def test_a_pending_run_is_never_silently_partial(
+    stream_name: str, sink_url: str, store: StreamStore
+) -> None:
+    """Stream unreachable: a complete compacted run still reads; an incomplete one fails
+    and says its records may be in the stream."""
+    host, port = SERVER.split(":")
+    done, open_ = new_id(3), new_id(4)
+    events = make_events(done, 3)
+    store.append([start_of(done), start_of(open_)], events, [make_end(done, events)])
+    compact(store.connect_url())
+    store.append([], make_events(open_, 2), [])
+    with FaultProxy((host, int(port)), lifetime=30) as proxy:
+        via = open_store(
+            f"nats://127.0.0.1:{proxy.port}?stream={stream_name}&timeout=1&sink={sink_url}"
+        )
+        try:
+            assert [e.seq for e in via.events(open_)] == [1, 2]
+            proxy.cut()
+            assert [e.seq for e in via.events(done)] == [1, 2, 3]
+            assert via.get_run(done).status == "completed"
+            with pytest.raises(StoreUnavailableError, match=f"run {open_} is not complete"):
+                via.events(open_)
+        finally:
+            proxy.restore()
+            via.close()
+
+
+# -- the compactor ---------------------------------------------------------------------
+
+
+def test_compactor_writes_every_record_once_and_acks(
+    store: StreamStore, url: str, tmp_path: Path
+) -> None:
+    with replayable.recording(store, spool_dir=tmp_path) as rec:
+        for n in (3, 30, 7):
+            ingest_agent(n)
+    report = compact(url, batch=16)
+    assert report.records == 3 + 30 + 7 + 3 * 2
+    assert stream_state(url)["depth"] == 0
+    sink = store.sink
+    for run_id, n in zip(rec.run_ids, (3, 30, 7), strict=True):
+        assert [e.seq for e in sink.events(run_id)] == list(range(1, n + 1))
+        assert sink.get_run(run_id).status == "completed"
+        assert replayable.replay(run_id, store=store, fn=ingest_agent).status == "identical"
+    assert verify_store(sink).ok
+
+
+def test_events_before_their_start_wait_for_it(store: StreamStore, url: str) -> None:
+    """An event whose run the sink does not hold yet goes back to the stream."""
+    run_id = new_id(5)
+    start = start_of(run_id, tenant="t1")
+    events = make_events(run_id, 4)
+    store.append([], events, [make_end(run_id, events)])
+    first = Compactor(url)
+    got = first.run(until_idle=0.3, max_seconds=5)
+    assert got.records == 0
+    assert got.deferred >= 5
+    with pytest.raises(RunNotFoundError):
+        store.sink.get_run(run_id)
+    store.append([start], [], [])
+    report = compact(url)
+    assert report.records == 6
+    run = store.sink.get_run(run_id)
+    assert run.status == "completed"
+    assert isinstance(store.sink, PostgresStore)
+    assert store.sink.query(
+        "SELECT DISTINCT tenant FROM agent_execution_events WHERE run_id = %s", (run_id,)
+    ) == [("t1",)]
+    assert verify_store(store.sink).ok
+
+
+def test_a_batch_delivered_again_after_its_commit_is_skipped(store: StreamStore, url: str) -> None:
+    run_id = new_id(6)
+    events = make_events(run_id, 8)
+    records = ([start_of(run_id)], events, [make_end(run_id, events)])
+    store.append(*records)
+    assert compact(url).records == 10
+    # Some of the records published again without ids (past the duplicate window, say).
+
+    async def again() -> None:
+        js = await store.client.js()
+        # Cut differently from the first delivery (the sink's batch digest differs).
+        for kind, rows in zip("sex", ([], events[2:], records[2]), strict=True):
+            for r in rows:
+                from replayable.store.stream._wire import encode, run_subject
+
+                await js.publish(run_subject(store.prefix, None, "triage", run_id), encode(kind, r))
+        await js.publish(f"{store.prefix}._.triage.{run_id}", b"zgarbage")
+
+    store.client.run(again(), "publishing again", timeout=20)
+    report = compact(url)
+    assert (report.records, report.skipped, report.rejected) == (0, 7, 1)
+    assert stream_state(url)["depth"] == 0
+    assert [e.seq for e in store.sink.events(run_id)] == list(range(1, 9))
+    assert verify_store(store.sink).ok
+
+
+def test_compactor_command_and_status(store: StreamStore, url: str, sink_url: str) -> None:
+    run_id = new_id(7)
+    events = make_events(run_id, 3)
+    store.append([start_of(run_id)], events, [make_end(run_id, events)])
+    source = url.split("&sink=")[0]
+    runner = CliRunner()
+    quiet = ["--spool-dir", "/nonexistent-x"]
+    shown = runner.invoke(app, ["status", "--stream", source, "--json", *quiet])
+    body = json.loads(shown.stdout)
+    (row,) = body["streams"]
+    assert (row["depth"], row["lag"], row["compactors"]) == (5, None, [])
+    assert row["oldest_at"] is not None
+    assert time.time() - row["oldest_at"] < 60
+    ran = runner.invoke(
+        app, ["compactor", "--source", source, "--sink", sink_url, "--until-idle", "0.5"]
+    )
+    assert ran.exit_code == 0, ran.output
+    assert "compacted 5 record(s)" in ran.stdout
+    shown = runner.invoke(app, ["status", "--stream", source, *quiet])
+    assert f"stream {store.stream}" in shown.stdout
+    assert "0 record(s)" in shown.stdout
+    assert "0 not delivered" in shown.stdout
+    listed = runner.invoke(app, ["--store", url, "runs", "--json"])
+    assert run_id in listed.stdout
+    verified = runner.invoke(app, ["--store", sink_url, "verify", "--all"])
+    assert verified.exit_code == 0, verified.output
+
+
+def test_status_shows_each_running_compactor(store: StreamStore, url: str) -> None:
+    """While compactors run, status names each, its records and what it holds."""
+    import threading
+
+    run_id = new_id(8)
+    events = make_events(run_id, 3)
+    store.append([start_of(run_id)], events, [make_end(run_id, events)])
+    stop = threading.Event()
+    workers = [Compactor(url, name=f"c{i}") for i in range(2)]
+    threads = [threading.Thread(target=w.run, kwargs={"stop": stop.is_set}) for w in workers]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            found = stream_state(url)
+            reports = found["compactors"]
+            if len(reports) == 2 and sum(c["records"] for c in reports) == 5:
+                break
+            assert time.monotonic() < deadline, found
+            time.sleep(0.2)
+        assert [c["name"] for c in found["compactors"]] == ["c0", "c1"]
+        assert found["depth"] == 0
+        assert found["lag"] == 0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert stream_state(url)["compactors"] == []
+
+
+# -- outages: the same spool as for PostgreSQL ----------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["drop", "stall", "reset"])
+def test_nats_outage_is_spooled_and_drained_exactly_once(
+    fault: str, stream_name: str, sink_url: str, tmp_path: Path
+) -> None:
+    host, port = SERVER.split(":")
+    with FaultProxy((host, int(port)), lifetime=60) as proxy:
+        via = f"nats://127.0.0.1:{proxy.port}?stream={stream_name}&timeout=1&sink={sink_url}"
+        store = open_store(via)
+        writer = writer_for(store, max_block_s=BOUND, spool_dir=tmp_path)
+        took: list[float] = []
+
+        @replayable.workflow
+        def cut_agent(n: int) -> int:
+            total = 0
+            for i in range(n):
+                if i == 5:
+                    if fault == "drop":
+                        proxy.cut()
+                    elif fault == "stall":
+                        proxy.stall = True
+                    else:
+                        proxy.reset()
+                if i == 25:
+                    deadline = time.monotonic() + 10
+                    while fault != "reset" and not writer.spooled:
+                        assert time.monotonic() < deadline, "the outage was never spooled"
+                        time.sleep(0.01)
+                    proxy.stall = False
+                    proxy.reset()
+                    proxy.restore()
+                t0 = time.monotonic()
+                total += lookup(i)
+                took.append(time.monotonic() - t0)
+                time.sleep(0.01)
+            return total
+
+        try:
+            with replayable.recording(store, durability="durable") as rec:
+                assert cut_agent(40) == sum(range(40)) * 3
+            assert max(took) < BOUND + 0.5
+            assert writer.drain(timeout=30), f"not drained: {writer.last_error!r}"
+        finally:
+            store.close()
+    compact(f"nats://{SERVER}?stream={stream_name}&sink={sink_url}")
+    sink = open_store(sink_url)
+    try:
+        (run_id,) = rec.run_ids
+        assert [e.seq for e in sink.events(run_id)] == list(range(1, 41))
+        assert sink.get_run(run_id).status == "completed"
+        assert verify_store(sink).ok
+    finally:
+        sink.close()
+
+
+def test_durable_returns_after_the_ack(store: StreamStore, tmp_path: Path) -> None:
+    """A durable boundary's record is in the stream once the boundary returned."""
+    seen: list[int] = []
+
+    @replayable.workflow
+    def watched(n: int) -> None:
+        for i in range(n):
+            lookup(i)
+            seen.append(sum(1 for _, _, k, _ in messages(store) if k == "e"))
+
+    with replayable.recording(store, durability="durable", spool_dir=tmp_path):
+        watched(3)
+    assert seen == [1, 2, 3]
+
+
+def test_loop_left_clean() -> None:
+    """No event loop of the stream client leaks into the test's thread."""
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()
