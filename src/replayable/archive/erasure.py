@@ -56,6 +56,10 @@ def erase(
     if keys is not None:
         keys.forget()
     store.tier.forget_texts()
+    cold = store.__dict__.get("cold")
+    if cold is not None:
+        # Archived runs read before are cached whole, payloads decrypted: not any more.
+        cold.forget()
     what = "subject " + subject if subject is not None else "tenant"
     log_reads(
         store,

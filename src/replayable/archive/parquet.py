@@ -4,6 +4,8 @@ Layout under the destination (a local directory, ``s3://bucket/prefix``, …)::
 
     events/tenant=<T>/date=<YYYY-MM-DD>/part-<id>.parquet   event rows, sorted by run, seq
     blobs/tenant=<T>/date=<YYYY-MM-DD>/part-<id>.parquet    the blob-tier rows they need
+    runs/tenant=<T>/date=<YYYY-MM-DD>/part-<id>.parquet     one row per run: what queries
+                                                            over the archive filter runs by
 
 Both zstd-compressed; event row groups are cut at run boundaries near
 :data:`ROW_GROUP_ROWS` rows, so reading one run reads one or two row groups.
@@ -28,9 +30,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import orjson
+
 from replayable.errors import ConfigurationError
-from replayable.store.base import EventStore, RunFilter
-from replayable.store.cold import EVENT_FIELDS, ArchivePart, filesystem
+from replayable.events.model import Run
+from replayable.store.base import EventStore, RunFilter, tag_value
+from replayable.store.cold import EVENT_FIELDS, RUN_FIELDS, ArchivePart, filesystem, runs_url
 from replayable.store.payloads import BlobRow, NodeRow, reachable
 
 __all__ = ["ArchiveReport", "RetentionPolicy", "archive", "parse_age"]
@@ -144,7 +149,7 @@ def archive(
     report = ArchiveReport()
     say = progress or (lambda _line: None)
     for part in store.archive_pending():
-        _write_part(store, part)
+        _write_part(store, part, {})
         _commit(store, part)
         report.resumed += 1
         report.parts += 1
@@ -152,6 +157,7 @@ def archive(
         say(f"resumed part {part.part_id}: {len(part.runs)} run(s)")
     done = store.archived_ids()
     groups: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    listed: dict[str, Run] = {}
     for run in store.list_runs(RunFilter(limit=None)):
         if run.end is None or run.run_id in done:
             continue
@@ -161,6 +167,7 @@ def archive(
         day = dt.datetime.fromtimestamp(run.started_at, dt.UTC).strftime("%Y-%m-%d")
         tenant = store.row_tenant(run.start) or ""
         groups.setdefault((tenant, day), []).append((run.run_id, run.end.event_count))
+        listed[run.run_id] = run
     for (tenant, day), runs in sorted(groups.items()):
         runs.sort()
         chunk: list[str] = []
@@ -169,7 +176,7 @@ def archive(
             full = len(chunk) >= part_runs or events + count > PART_EVENTS
             if chunk and (not run_id or full):
                 part = _plan(store, dest, tenant, day, chunk, now)
-                n = _write_part(store, part)
+                n = _write_part(store, part, listed)
                 _commit(store, part)
                 report.parts += 1
                 report.runs += len(chunk)
@@ -211,12 +218,14 @@ def _commit(store: EventStore, part: ArchivePart) -> None:
     store.archive_commit(part.part_id, [(r, spaces.get(r, "")) for r in part.runs], time.time())
 
 
-def _write_part(store: EventStore, part: ArchivePart) -> int:
-    """Write the part's two files (again, after a crash: the same content); its event count."""
+def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) -> int:
+    """Write the part's three files (again, after a crash: the same content); its event
+    count. ``listed`` holds the runs already read (others are read here)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     spaces = store.run_spaces(part.runs)
+    _write_runs(store, part, listed, spaces)
     refs: dict[str, set[str]] = {}
     schema = pa.schema([(name, _EVENT_TYPES[name]) for name in EVENT_FIELDS])
     total = 0
@@ -254,6 +263,49 @@ def _write_part(store: EventStore, part: ArchivePart) -> int:
         # Blobs are compressed already; zstd here packs the node rows and the digests.
         pq.write_table(table, out, compression="zstd")
     return total
+
+
+def run_tags(metadata: dict[str, Any]) -> list[str]:
+    """A run's metadata as the ``key=value`` tags ``--meta`` filters compare (the key
+    JSON-quoted, so '=' in it is safe; nested values are not tags), as PostgreSQL keeps them."""
+    tags = []
+    for key, value in metadata.items():
+        if isinstance(value, dict | list):
+            continue
+        text = tag_value(value)
+        quoted = orjson.dumps(key).decode()
+        tags.append(quoted if text is None else f"{quoted}={text}")
+    return tags
+
+
+def _write_runs(
+    store: EventStore, part: ArchivePart, listed: dict[str, Run], spaces: dict[str, str]
+) -> None:
+    """The part's runs file: each run's tenant (exactly, not as escaped in the path),
+    key space, workflow, start time, status and metadata tags."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    runs = [listed.get(r) or store.get_run(r) for r in sorted(part.runs)]
+    table = pa.table(
+        {
+            "run_id": pa.array([r.run_id for r in runs], pa.string()),
+            "tenant": pa.array([store.row_tenant(r.start) for r in runs], pa.string()),
+            "space": pa.array([spaces.get(r.run_id, "") for r in runs], pa.string()),
+            "workflow": pa.array([r.workflow for r in runs], pa.string()),
+            "started_at": pa.array([r.start.started_at for r in runs], pa.float64()),
+            "status": pa.array([r.status for r in runs], pa.string()),
+            "parent_run_id": pa.array([r.start.parent_run_id for r in runs], pa.string()),
+            "tags": pa.array(
+                [run_tags(dict(r.start.metadata)) for r in runs], pa.list_(pa.string())
+            ),
+        }
+    )
+    assert table.column_names == list(RUN_FIELDS)
+    fs, path = filesystem(runs_url(part.events_url))
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "wb") as out:
+        pq.write_table(table, out, compression="zstd")
 
 
 def _run_batches(store: EventStore, run_ids: Sequence[str]) -> Iterable[list[tuple[Any, ...]]]:

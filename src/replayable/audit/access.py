@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from replayable.audit.actor import Actor, check_channel, require
 from replayable.audit.annotations import AnnotationSet, annotate_run, new_id
@@ -28,7 +28,13 @@ if TYPE_CHECKING:
     from replayable.replay.stepper import Stepper
     from replayable.store.search import EventQuery, SearchPage
 
-__all__ = ["AuditReader", "log_access", "log_reads"]
+__all__ = ["AuditReader", "Searchable", "log_access", "log_reads"]
+
+
+class Searchable(Protocol):
+    """What answers an impact query: a store, or a search over its archive."""
+
+    def search(self, query: EventQuery) -> SearchPage: ...
 
 
 def log_access(
@@ -288,11 +294,14 @@ class AuditReader:
         )
         return result
 
-    def search(self, query: EventQuery) -> SearchPage:
+    def search(self, query: EventQuery, source: Searchable | None = None) -> SearchPage:
         """One page of runs whose events match ``query`` (their payloads are searched),
-        logged as one ``search`` entry per run found, naming the matching steps."""
+        logged as one ``search`` entry per run found, naming the matching steps.
+
+        ``source`` answers instead of the store (the Parquet archive on DuckDB:
+        :class:`replayable.archive.search.ArchiveSearch`); the log is the store's."""
         require(self.actor, "read", "search recorded payloads")
-        page = self.store.search(query)
+        page = (source or self.store).search(query)
         self._log_runs(("search",), [(h.run, [e.seq for e in h.events]) for h in page.hits])
         return page
 

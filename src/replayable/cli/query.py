@@ -7,6 +7,11 @@ the access-log summary; see :mod:`replayable.audit.report`)::
 
     replayable query --name query_compliance_rules --since 30d \\
         --where 'response.rows empty' --where 'request.jurisdiction ^= GB'
+
+With ``--archive URL`` (a directory or ``s3://…`` that ``replayable archive`` wrote)
+the same query runs on DuckDB over the archive's Parquet files; the store of
+``--store`` still gives the runs' records, the tenants the reader may see, the
+data keys for encrypted payloads, and the access log.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
@@ -36,6 +41,9 @@ from replayable.errors import ConfigurationError
 from replayable.events.model import Run
 from replayable.store.search import EventQuery, Predicate
 
+if TYPE_CHECKING:
+    from replayable.archive.search import ArchiveSearch
+
 __all__ = ["build_query", "query", "register", "report", "write_report"]
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -50,6 +58,15 @@ Since = Annotated[
 Until = Annotated[str | None, typer.Option(help="Events at or before (same forms as --since).")]
 Meta = Annotated[
     list[str] | None, typer.Option("--meta", help="Run metadata KEY=VALUE (repeatable).")
+]
+ArchiveOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--archive",
+        help="Query the Parquet archive at this directory or s3:// URL (on DuckDB) "
+        "instead of the store.",
+        metavar="URL",
+    ),
 ]
 Where = Annotated[
     list[str] | None,
@@ -132,6 +149,7 @@ def query(
     limit: Annotated[int, typer.Option(help="Runs per page.")] = 50,
     offset: Annotated[int, typer.Option(help="Runs to skip (from a previous page).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+    archive: ArchiveOpt = None,
     user: AsUser = None,
     role: RoleOpt = None,
     purpose: Purpose = None,
@@ -149,7 +167,8 @@ def query(
         limit=limit,
         offset=offset,
     )
-    page = reader(ctx, user, role, purpose).search(q)
+    audit = reader(ctx, user, role, purpose)
+    page = audit.search(q, _archive_search(audit, archive))
     out = stdout()
     for hit in page.hits:
         if as_json:
@@ -205,6 +224,7 @@ def report(
         typer.Option("--run", help="Report these runs (id or prefix; repeatable), no query."),
     ] = None,
     formats: Formats = None,
+    archive: ArchiveOpt = None,
     out: Annotated[Path, typer.Option("--out", help="Directory for the reports.")] = Path(
         "replayable-reports"
     ),
@@ -222,6 +242,7 @@ def report(
         raise ConfigurationError(f"--format {bad[0]!r} is not one of {', '.join(_FORMATS)}")
     audit = reader(ctx, user, role, purpose)
     store = audit.store
+    source = _archive_search(audit, archive) or store
     q = build_query(
         workflow=workflow,
         kind=kind,
@@ -254,7 +275,7 @@ def report(
                 bar.advance(task)
             offset = None
         while offset is not None:
-            page = store.search(q.page(offset))
+            page = source.search(q.page(offset))
             if page.next_offset is None:
                 bar.update(task, total=written + len(page.hits))
             for hit in page.hits:
@@ -264,6 +285,14 @@ def report(
                 bar.advance(task)
             offset = page.next_offset
     console.print(f"{written} report(s) written to {out}", markup=False)
+
+
+def _archive_search(audit: AuditReader, url: str | None) -> ArchiveSearch | None:
+    if url is None:
+        return None
+    from replayable.archive.search import ArchiveSearch
+
+    return ArchiveSearch(url, audit.store)
 
 
 def q_text(q: EventQuery) -> str:

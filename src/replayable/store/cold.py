@@ -33,10 +33,12 @@ if TYPE_CHECKING:
 __all__ = [
     "ENV_ARCHIVE_OPTIONS",
     "EVENT_FIELDS",
+    "RUN_FIELDS",
     "ArchivePart",
     "ArchivedRun",
     "ColdReader",
     "filesystem",
+    "runs_url",
 ]
 
 #: JSON object of fsspec storage options for the archive (an S3 endpoint, credentials).
@@ -67,6 +69,27 @@ EVENT_FIELDS: Final = (
     "request_ref",
     "response_ref",
 )
+
+
+#: The columns of an archive's runs file (``runs/``, beside ``events/`` and ``blobs/``).
+RUN_FIELDS: Final = (
+    "run_id",
+    "tenant",
+    "space",
+    "workflow",
+    "started_at",
+    "status",
+    "parent_run_id",
+    "tags",
+)
+
+
+def runs_url(events_url: str) -> str:
+    """The runs file of the part whose events file is ``events_url``."""
+    root, sep, where = events_url.rpartition("/events/")
+    if not sep:
+        raise ConfigurationError(f"{events_url!r} is not an archive events file")
+    return f"{root}/runs/{where}"
 
 
 class ArchivePart(NamedTuple):
@@ -181,6 +204,10 @@ class ColdReader:
             return [e for e, _, _ in split]
         tier = self._tier(where)
         return self.store.tier.join_events(tier, split, lambda _rid: where.space)
+
+    def blobs(self, where: ArchivedRun) -> _ColdTier:
+        """The archived blobs file of ``where`` (cached), as a tier backend."""
+        return self._tier(where)
 
     def _tier(self, where: ArchivedRun) -> _ColdTier:
         with self._lock:

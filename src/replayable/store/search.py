@@ -20,6 +20,14 @@ dot-separated (a number indexes a list). Operators: ``==``, ``!=``, ``^=``
 (numbers), and the words ``empty``, ``nonempty``, ``exists``, ``missing``.
 A value is read as JSON when it parses (``3``, ``true``, ``[]``, ``"x"``),
 else as a plain string.
+
+The SQL backends share one query builder (:class:`SqlDialect`, :func:`event_filter`):
+PostgreSQL over its JSONB columns, DuckDB over the JSON text of the Parquet archive.
+Each predicate compiles to a condition that holds for *at least* every matching event,
+and a second condition saying where the first one is exact. Where it is not (a payload
+held in the blob tier, encrypted or not; a path step the dialect cannot express), the
+event is a candidate that the backend checks in Python once its payload is read, with
+:meth:`EventQuery.matches_event`, so every backend gives the reference's answer.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import orjson
 
@@ -37,7 +45,19 @@ from replayable.events.model import Event, Run
 if TYPE_CHECKING:
     from replayable.store.base import EventStore
 
-__all__ = ["EventQuery", "Predicate", "SearchHit", "SearchPage", "search_in_python"]
+__all__ = [
+    "DUCKDB",
+    "POSTGRES",
+    "EventFilter",
+    "EventQuery",
+    "Predicate",
+    "SearchHit",
+    "SearchPage",
+    "SqlDialect",
+    "SqlPredicate",
+    "event_filter",
+    "search_in_python",
+]
 
 Side = Literal["request", "response", "error", "metadata"]
 Op = Literal[
@@ -321,3 +341,282 @@ def search_in_python(store: EventStore, query: EventQuery) -> SearchPage:
             return SearchPage(hits, query.offset, query.offset + query.limit)
         hits.append(SearchHit(run, matching))
     return SearchPage(hits, query.offset, None)
+
+
+# -- the SQL query builder -------------------------------------------------------------
+
+
+class SqlPredicate(NamedTuple):
+    """One predicate in SQL: ``where`` holds for every event the predicate matches (and
+    maybe more); ``certain`` holds where ``where`` is exactly the predicate."""
+
+    where: str
+    params: list[Any]
+    certain: str
+    certain_params: list[Any]
+
+
+_EXACT: Final = 1 << 53  # integers beyond this are not all doubles
+
+
+class SqlDialect:
+    """How one SQL engine spells the event columns and JSON tests of a query.
+
+    ``columns`` names the SQL expression for ``kind``, ``name``, ``started_at``, the
+    four predicate sides and the two payload references (``request_ref``,
+    ``response_ref``); ``ph`` is the driver's placeholder.
+    """
+
+    name: str = ""
+    ph: str = "?"
+
+    def __init__(self, columns: Mapping[str, str]) -> None:
+        self.columns = dict(columns)
+
+    def json_test(self, p: Predicate) -> SqlPredicate:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def predicate(self, p: Predicate) -> SqlPredicate:
+        """``p`` in SQL, a payload held in the blob tier making its event a candidate."""
+        test = self.json_test(p)
+        ref = self.columns.get(f"{p.side}_ref")
+        if ref is None:
+            return test
+        return SqlPredicate(
+            f"({ref} IS NOT NULL OR {test.where})",
+            test.params,
+            f"({ref} IS NULL AND {test.certain})",
+            test.certain_params,
+        )
+
+
+class _Postgres(SqlDialect):
+    """JSONB: ``#>`` walks a path (a number indexes a list, as in Python), and jsonb
+    equality is JSON equality, so every test is exact."""
+
+    name = "postgresql"
+    ph = "%s"
+
+    def json_test(self, p: Predicate) -> SqlPredicate:
+        sql, params = self.compile(p)
+        return SqlPredicate(sql, params, "TRUE", [])
+
+    def compile(self, p: Predicate) -> tuple[str, list[Any]]:
+        col = self.columns[p.side]
+        path = list(p.path)
+        at = f"({col} #> %s::text[])"
+        text_at = f"({col} #>> %s::text[])"
+        empty = "ARRAY['[]', '{}', '\"\"', 'null']::jsonb[]"
+        if p.op == "exists":
+            return f"{at} IS NOT NULL", [path]
+        if p.op == "missing":
+            return f"{at} IS NULL", [path]
+        if p.op == "eq":
+            return f"{at} = %s::jsonb", [path, orjson.dumps(p.value).decode()]
+        if p.op == "ne":
+            return f"{at} IS DISTINCT FROM %s::jsonb", [path, orjson.dumps(p.value).decode()]
+        if p.op == "empty":
+            return f"{at} = ANY({empty})", [path]
+        if p.op == "nonempty":
+            return f"({at} IS NOT NULL AND NOT {at} = ANY({empty}))", [path, path]
+        if p.op == "prefix":
+            return (
+                f"(jsonb_typeof({at}) = 'string' AND starts_with({text_at}, %s))",
+                [path, path, p.value],
+            )
+        if p.op == "contains":
+            return (
+                f"(jsonb_typeof({at}) = 'string' AND strpos({text_at}, %s) > 0)",
+                [path, path, p.value],
+            )
+        number = f"(CASE WHEN jsonb_typeof({at}) = 'number' THEN {text_at}::numeric END)"
+        return f"{number} {_COMPARE[p.op]} %s::numeric", [path, path, p.value]
+
+
+_COMPARE: Final = {"lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_RELAXED: Final = {"lt": "<=", "le": "<=", "gt": ">=", "ge": ">="}
+
+
+def json_pointer(path: Sequence[str]) -> str:
+    """RFC 6901: ``/a/0`` (a number indexes a list and names a key of an object, as the
+    reference evaluation reads a path)."""
+    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in path)
+
+
+class _DuckDB(SqlDialect):
+    """JSON text, tested with DuckDB's JSON functions and JSON Pointer paths. Numbers
+    compare as doubles: exact for a value below 2**53, candidates checked in Python for
+    one above it; a
+    negative list index or a nested value to compare with is checked in Python too.
+    A payload that is not JSON at all matches no predicate (the reader names it)."""
+
+    name = "duckdb"
+    ph = "?"
+
+    def json_test(self, p: Predicate) -> SqlPredicate:
+        col = self.columns[p.side]
+        if any(part.startswith("-") and part[1:].isdigit() for part in p.path):
+            # Python reads -1 as the last element; a JSON Pointer does not.
+            return SqlPredicate("TRUE", [], "FALSE", [])
+        ptr = json_pointer(p.path)
+        kind = f"json_type({col}, ?)"
+        text = f"json_extract_string({col}, ?)"
+        number = (
+            f"(CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'HUGEINT', 'DOUBLE') "
+            f"THEN TRY_CAST({text} AS DOUBLE) END)"
+        )
+
+        def guard(sql: str) -> str:
+            # An unparseable payload would stop the whole query: it matches nothing here.
+            return f"(CASE WHEN json_valid({col}) THEN {sql} END)"
+
+        if p.op == "exists":
+            return SqlPredicate(guard(f"{kind} IS NOT NULL"), [ptr], "TRUE", [])
+        if p.op == "missing":
+            return SqlPredicate(f"({col} IS NULL OR {guard(f'{kind} IS NULL')})", [ptr], "TRUE", [])
+        if p.op in ("empty", "nonempty"):
+            empty = (
+                f"({kind} = 'NULL' OR ({kind} = 'VARCHAR' AND {text} = '') "
+                f"OR ({kind} = 'ARRAY' AND json_array_length({col}, ?) = 0) "
+                f"OR ({kind} = 'OBJECT' AND len(json_keys({col}, ?)) = 0))"
+            )
+            params = [ptr] * 7
+            if p.op == "empty":
+                return SqlPredicate(guard(empty), params, "TRUE", [])
+            return SqlPredicate(
+                guard(f"({kind} IS NOT NULL AND NOT {empty})"), [ptr, *params], "TRUE", []
+            )
+        if p.op == "prefix":
+            return SqlPredicate(
+                guard(f"({kind} = 'VARCHAR' AND starts_with({text}, ?))"),
+                [ptr, ptr, p.value],
+                "TRUE",
+                [],
+            )
+        if p.op == "contains":
+            return SqlPredicate(
+                guard(f"({kind} = 'VARCHAR' AND strpos({text}, ?) > 0)"),
+                [ptr, ptr, p.value],
+                "TRUE",
+                [],
+            )
+        if p.op in _COMPARE:
+            # A value below 2**53 is a double exactly, and so is its order against any
+            # stored number. Past it, rounding may merge neighbours: the relaxed
+            # comparison keeps every match, and Python decides.
+            if abs(p.value) < _EXACT:
+                return SqlPredicate(
+                    guard(f"({number} {_COMPARE[p.op]} ?)"), [ptr, ptr, float(p.value)], "TRUE", []
+                )
+            return SqlPredicate(
+                guard(f"({number} {_RELAXED[p.op]} ?)"), [ptr, ptr, float(p.value)], "FALSE", []
+            )
+        eq, eq_params, eq_certain, eq_cparams = self._equals(col, kind, text, number, ptr, p.value)
+        if p.op == "eq":
+            return SqlPredicate(guard(eq), eq_params, eq_certain, eq_cparams)
+        # ne: every event but the certain matches of eq; certain where eq is.
+        return SqlPredicate(
+            f"NOT coalesce({guard(eq)} AND {eq_certain}, FALSE)",
+            [*eq_params, *eq_cparams],
+            f"coalesce({eq_certain} OR NOT {guard(eq)}, TRUE)",
+            [*eq_cparams, *eq_params],
+        )
+
+    @staticmethod
+    def _equals(
+        col: str, kind: str, text: str, number: str, ptr: str, value: Any
+    ) -> tuple[str, list[Any], str, list[Any]]:
+        if value is None:
+            return f"({kind} = 'NULL')", [ptr], "TRUE", []
+        if isinstance(value, bool):
+            return (
+                f"({kind} = 'BOOLEAN' AND {text} = ?)",
+                [ptr, ptr, "true" if value else "false"],
+                "TRUE",
+                [],
+            )
+        if isinstance(value, str):
+            return f"({kind} = 'VARCHAR' AND {text} = ?)", [ptr, ptr, value], "TRUE", []
+        if _is_number(value):
+            sure = "TRUE" if abs(value) < _EXACT else "FALSE"
+            return f"({number} = ?)", [ptr, ptr, float(value)], sure, []
+        if value == [] or value == {}:
+            shape = "ARRAY" if isinstance(value, list) else "OBJECT"
+            size = "json_array_length" if shape == "ARRAY" else "len(json_keys"
+            close = ")" if shape == "ARRAY" else "))"
+            return f"({kind} = '{shape}' AND {size}({col}, ?{close} = 0)", [ptr, ptr], "TRUE", []
+        shape = "ARRAY" if isinstance(value, list) else "OBJECT"
+        return f"({kind} = '{shape}')", [ptr], "FALSE", []
+
+
+#: PostgreSQL's ``agent_execution_events`` as ``e``.
+POSTGRES: Final = _Postgres(
+    {
+        "kind": "e.event_type",
+        "name": "e.name",
+        "started_at": "e.timestamp_utc",
+        "request": "e.input_payload",
+        "response": "e.output_payload",
+        "error": "(e.error_text::jsonb)",
+        "metadata": "e.metadata",
+        "request_ref": "e.request_ref",
+        "response_ref": "e.response_ref",
+    }
+)
+#: The archive's event files (the stored-row columns) as ``e``.
+DUCKDB: Final = _DuckDB(
+    {
+        "kind": "e.kind",
+        "name": "e.name",
+        "started_at": "e.started_at",
+        "request": "e.request",
+        "response": "e.response",
+        "error": "e.error",
+        "metadata": "e.metadata",
+        "request_ref": "e.request_ref",
+        "response_ref": "e.response_ref",
+    }
+)
+
+
+class EventFilter(NamedTuple):
+    """An :class:`EventQuery`'s event conditions in one dialect: ``where`` selects the
+    candidate events, ``certain`` says which of them surely match."""
+
+    where: str
+    params: list[Any]
+    certain: str
+    certain_params: list[Any]
+
+
+def event_filter(query: EventQuery, dialect: SqlDialect) -> EventFilter:
+    """The kind, name, time and payload conditions of ``query`` (run conditions are the
+    caller's: where runs live differs per backend)."""
+    cols, ph = dialect.columns, dialect.ph
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("kind", query.kind), ("name", query.name)):
+        if value is not None:
+            where.append(f"{cols[column]} = {ph}")
+            params.append(value)
+    if query.since is not None:
+        where.append(f"{cols['started_at']} >= {ph}")
+        params.append(query.since)
+    if query.until is not None:
+        where.append(f"{cols['started_at']} <= {ph}")
+        params.append(query.until)
+    certain: list[str] = []
+    certain_params: list[Any] = []
+    for predicate in query.where:
+        sql = dialect.predicate(predicate)
+        where.append(sql.where)
+        params.extend(sql.params)
+        if sql.certain != "TRUE":
+            certain.append(sql.certain)
+            certain_params.extend(sql.certain_params)
+    return EventFilter(
+        " AND ".join(where) or "TRUE",
+        params,
+        " AND ".join(certain) or "TRUE",
+        certain_params,
+    )

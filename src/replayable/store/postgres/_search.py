@@ -4,56 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
-
 from replayable.store.postgres._store import _EVENT_ROW_COLS, run_tags
-from replayable.store.search import EventQuery, Predicate, SearchHit, SearchPage
+from replayable.store.search import POSTGRES, EventQuery, Predicate, SearchHit, SearchPage
 
 if TYPE_CHECKING:
     from replayable.store.postgres._store import PostgresStore
 
 __all__ = ["compile_predicate", "search"]
 
-_COLUMNS: Final = {
-    "request": "e.input_payload",
-    "response": "e.output_payload",
-    "error": "(e.error_text::jsonb)",
-    "metadata": "e.metadata",
-}
-_EMPTY: Final = "ARRAY['[]', '{}', '\"\"', 'null']::jsonb[]"
-_COMPARE: Final = {"lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-
 
 def compile_predicate(p: Predicate) -> tuple[str, list[Any]]:
-    """SQL for one predicate and its parameters; semantics match ``Predicate.matches``."""
-    col = _COLUMNS[p.side]
-    path = list(p.path)
-    at = f"({col} #> %s::text[])"
-    text_at = f"({col} #>> %s::text[])"
-    if p.op == "exists":
-        return f"{at} IS NOT NULL", [path]
-    if p.op == "missing":
-        return f"{at} IS NULL", [path]
-    if p.op == "eq":
-        return f"{at} = %s::jsonb", [path, orjson.dumps(p.value).decode()]
-    if p.op == "ne":
-        return f"{at} IS DISTINCT FROM %s::jsonb", [path, orjson.dumps(p.value).decode()]
-    if p.op == "empty":
-        return f"{at} = ANY({_EMPTY})", [path]
-    if p.op == "nonempty":
-        return f"({at} IS NOT NULL AND NOT {at} = ANY({_EMPTY}))", [path, path]
-    if p.op == "prefix":
-        return (
-            f"(jsonb_typeof({at}) = 'string' AND starts_with({text_at}, %s))",
-            [path, path, p.value],
-        )
-    if p.op == "contains":
-        return (
-            f"(jsonb_typeof({at}) = 'string' AND strpos({text_at}, %s) > 0)",
-            [path, path, p.value],
-        )
-    number = f"(CASE WHEN jsonb_typeof({at}) = 'number' THEN {text_at}::numeric END)"
-    return f"{number} {_COMPARE[p.op]} %s::numeric", [path, path, p.value]
+    """SQL for one predicate and its parameters; semantics match ``Predicate.matches``
+    (the shared builder's PostgreSQL dialect: jsonb tests are exact)."""
+    return POSTGRES.compile(p)
 
 
 #: The newest runs the walk looks through before the index-driven query takes over:
