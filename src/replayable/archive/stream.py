@@ -95,6 +95,7 @@ class Compactor:
         archive_every: float = 60.0,
         archive_after: float = 0.0,
         opener: Callable[[str], EventStore] | None = None,
+        ack_wait: float = ACK_WAIT_S,
     ) -> None:
         self.config, sink_url, options = parse_stream_url(
             source if "sink=" in source else source + "&sink=" + _sink_url(sink)
@@ -111,8 +112,11 @@ class Compactor:
             self.sink = (opener or open_store)(sink if isinstance(sink, str) else sink_url)
         if isinstance(self.sink, StreamStore):
             raise ConfigurationError("a compactor's sink cannot be a stream")
+        if not ack_wait > 0:
+            raise ConfigurationError(f"ack_wait must be positive seconds, not {ack_wait!r}")
         self.consumer = consumer
         self.batch = batch
+        self.ack_wait = ack_wait
         self.archive = archive or options.get("archive")
         self.archive_every = archive_every
         self.archive_after = archive_after
@@ -187,7 +191,7 @@ class Compactor:
                 durable_name=self.consumer,
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.ALL,
-                ack_wait=ACK_WAIT_S,
+                ack_wait=self.ack_wait,
                 max_ack_pending=max(20_000, 4 * self.batch),
                 max_deliver=-1,
             ),
@@ -472,6 +476,8 @@ async def _stream_state(source: str, consumer: str) -> dict[str, Any]:
             "lag": None,
             "unacknowledged": None,
             "redelivered": None,
+            "published": state.last_seq,
+            "deliveries": None,
             "compactors": await compactor_states(js, cfg.stream),
         }
         try:
@@ -482,6 +488,9 @@ async def _stream_state(source: str, consumer: str) -> dict[str, Any]:
             out["lag"] = ci.num_pending
             out["unacknowledged"] = ci.num_ack_pending
             out["redelivered"] = ci.num_redelivered
+            # Every delivery, first or again (a batch a killed compactor held, a record
+            # handed back until its run's start is stored).
+            out["deliveries"] = ci.delivered.consumer_seq if ci.delivered else None
         return out
     finally:
         await nc.close()

@@ -50,6 +50,14 @@ def compactor(
         str, typer.Option(help="The durable consumer every compactor of the stream shares.")
     ] = "compactor",
     batch: Annotated[int, typer.Option(help="Most records per sink write.", min=1)] = 2048,
+    ack_wait: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a fetched batch may stay unacknowledged before it is delivered to "
+            "another compactor (set when the consumer is made).",
+            min=0.1,
+        ),
+    ] = 30.0,
     name: Annotated[
         str | None, typer.Option(help="This compactor's name in `replayable status`.")
     ] = None,
@@ -74,6 +82,7 @@ def compactor(
         source if sink is None else f"{source}{'&' if '?' in source else '?'}sink={sink}",
         consumer=consumer,
         batch=batch,
+        ack_wait=ack_wait,
         name=name,
         archive=archive,
         archive_every=archive_every,
