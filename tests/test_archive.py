@@ -181,20 +181,42 @@ def test_killed_archiver_rerun_loses_nothing_and_archives_nothing_twice(tmp_path
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "300"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     assert proc.stdout is not None
-    for _ in range(3):
-        assert proc.stdout.readline().startswith("part ")
+    # Each part prints its write, then its drop: kill after the third part's write, so
+    # the job dies between writing, indexing and dropping parts.
+    lines: list[str] = []
+    while sum(line.startswith("part ") for line in lines) < 3:
+        lines.append(proc.stdout.readline())
+        assert lines[-1].startswith(("part ", "dropped the hot payloads of part ")), lines
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
+    assert sum(line.startswith("dropped ") for line in lines) >= 2
     with SQLiteStore(path) as store:
-        done = len(store.archived_ids())
-        assert 3 <= done < len(runs)  # cut off mid-way
+        indexed = store.archived_ids()
+        assert 2 <= len(indexed) < len(runs)  # cut off mid-way
+        # Nothing lost: a run whose hot payloads are gone is indexed, and reads back.
+        dropped = _hot_dropped(path)
+        assert len(dropped) >= 2
+        assert dropped <= indexed
+        for rid in dropped:
+            assert store.events(rid) == runs[rid]
     rerun = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
     with SQLiteStore(path) as store:
         assert store.archived_ids() == set(runs)
         assert store.archive_pending() == []
+        assert _hot_dropped(path) == set(runs)
         _check_archive(store, str(dest), runs)
+
+
+def _hot_dropped(path: Path) -> set[str]:
+    """The runs none of whose hot rows holds a payload any more."""
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "SELECT run_id FROM events GROUP BY run_id HAVING sum(request <> 'null' OR "
+            "response IS NOT NULL OR request_ref IS NOT NULL OR response_ref IS NOT NULL) = 0"
+        ).fetchall()
+    return {str(r[0]) for r in rows}
 
 
 # -- a real S3 API: moto's server on 127.0.0.1 ------------------------------------------
@@ -346,8 +368,9 @@ def test_blobs_only_archived_runs_use_are_dropped_and_shared_ones_kept(tmp_path:
         seen = _run_with(other, 3, [only_old, later], started_at=4_000_000_000.0)
         before = {rid: store.events(rid) for rid in (old, hot, seen)}
         assert _blob_count(path) == 3
-        archive(store, str(tmp_path / "archive"), older_than=parse_age("30d"))
-        assert store.drop_archived_blobs() == (0, 0)  # the third run still uses it
+        report = archive(store, str(tmp_path / "archive"), older_than=parse_age("30d"))
+        assert report.blobs_dropped == 0  # the third run still uses it
+        assert store.drop_archived_blobs() == (0, 0)
         assert verify_run(store, seen).ok
     finally:
         store.close()
@@ -356,10 +379,9 @@ def test_blobs_only_archived_runs_use_are_dropped_and_shared_ones_kept(tmp_path:
     store = SQLiteStore(path)
     other = SQLiteStore(path)
     try:
-        archive(store, str(tmp_path / "archive"), older_than=0.0, now=4_000_000_001.0)
+        report = archive(store, str(tmp_path / "archive"), older_than=0.0, now=4_000_000_001.0)
         assert store.archived_ids() == {old, hot, seen}
-        dropped_blobs, _ = store.drop_archived_blobs()
-        assert dropped_blobs == 3
+        assert report.blobs_dropped == 3
         assert _blob_count(path) == 0
         store.cold.forget()
         for rid, events in before.items():
@@ -388,8 +410,8 @@ def test_a_hot_run_keeps_the_blob_it_shares_with_an_archived_one(tmp_path: Path)
         old = _run_with(store, 1, [shared, mine], started_at=1000.0)
         hot = _run_with(store, 2, [shared], started_at=4_000_000_000.0)
         events = {rid: store.events(rid) for rid in (old, hot)}
-        archive(store, str(tmp_path / "archive"), older_than=parse_age("30d"))
-        assert store.drop_archived_blobs() == (1, 1)  # its blob and its node
+        report = archive(store, str(tmp_path / "archive"), older_than=parse_age("30d"))
+        assert (report.blobs_dropped, report.nodes_dropped) == (1, 1)  # its blob and node
         assert _blob_count(path) == 1
         store.cold.forget()
         for rid, evs in events.items():
@@ -414,8 +436,9 @@ def test_an_altered_node_stops_the_blob_drop_before_anything_goes(tmp_path: Path
     try:
         old = _run_with(store, 1, ["gone " * 300], started_at=1000.0)
         _run_with(store, 2, ["kept " * 300], started_at=4_000_000_000.0)
-        archive(store, str(tmp_path / "archive"), older_than=parse_age("30d"))
+        archive(store, str(tmp_path / "archive"), older_than=parse_age("30d"), drop=False)
         assert old in store.archived_ids()
+        assert store.drop_archived_payloads([old]) == 1
         with sqlite3.connect(path) as conn:
             conn.execute("DROP TRIGGER payload_nodes_no_update")
             conn.execute('UPDATE payload_nodes SET body = \'[["x","y"]]\'')

@@ -13,11 +13,15 @@ Blobs are copied as stored: still compressed, still encrypted under their
 data keys (erasing a key erases archived payloads too).
 
 The job is restartable. A part is *planned* in the store (its runs fixed,
-its id derived from them) before its files are written, and its runs are
-*indexed* once both files are complete; then the hot copies of the payloads
-are dropped through the maintenance path. A rerun after a crash first
-finishes the planned parts, writing the same files again, so nothing is lost
-and no run is archived twice.
+its id derived from them) before its files are written; its files are then
+written and *read back*: the events file must hold exactly the part's event
+rows (run, seq, hash) and the blobs file every blob and node they reference.
+Only then are its runs *indexed*, and only indexed runs have their hot
+payloads dropped, through the maintenance path (on PostgreSQL the steward's
+procedure; the append-only guards refuse any other change). A rerun after a
+crash first finishes the planned parts, writing the same files again, then
+drops what an interrupted drop left, so nothing is lost and no run is
+archived twice. Each part's drop is written to the audit trail.
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ import datetime as dt
 import hashlib
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
 
-from replayable.errors import ConfigurationError
+from replayable.audit.access import log_reads
+from replayable.audit.actor import Actor
+from replayable.errors import AccessDeniedError, ConfigurationError, StoreError
 from replayable.events.model import Run
 from replayable.store.base import EventStore, RunFilter, tag_value
 from replayable.store.cold import EVENT_FIELDS, RUN_FIELDS, ArchivePart, filesystem, runs_url
@@ -56,22 +63,33 @@ def parse_age(text: str) -> float:
     return float(m.group(1)) * unit
 
 
+#: Seconds in a retention year (365.25 days).
+YEAR: Final = 365.25 * DAY
+
+
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """How long payloads stay hot (days) and archived (years), per workflow.
+    """How long payloads stay hot (days) and then archived (years), per tenant and workflow.
 
     From ``[tool.replayable.retention]`` in pyproject.toml::
 
         [tool.replayable.retention]
         hot_days = 30
         archive_years = 7
+        [tool.replayable.retention.tenants.acme]
+        archive_years = 10
         [tool.replayable.retention.workflows.triage]
         hot_days = 7
+
+    A run's payloads are archived ``hot_days`` after it started and purged from the
+    archive ``archive_years`` after that. A workflow's setting wins over its tenant's,
+    a tenant's over the defaults.
     """
 
     hot_days: float = 30.0
     archive_years: float = 7.0
     workflows: dict[str, dict[str, float]] = field(default_factory=dict)
+    tenants: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> RetentionPolicy:
@@ -86,22 +104,42 @@ class RetentionPolicy:
                 raise ConfigurationError(f"{at} {key} must be a non-negative number, not {value!r}")
             return float(value)
 
-        flows: dict[str, dict[str, float]] = {}
-        for name, table in (section.get("workflows") or {}).items():
-            if not isinstance(table, dict):
-                raise ConfigurationError(f"{where} workflows.{name} must be a table")
-            at = f"{where} workflows.{name}"
-            flows[name] = {
-                k: number(table, k, 0.0, at) for k in ("hot_days", "archive_years") if k in table
-            }
+        def tables(name: str) -> dict[str, dict[str, float]]:
+            found = section.get(name) or {}
+            if not isinstance(found, dict):
+                raise ConfigurationError(f"{where} {name} must be a table")
+            out: dict[str, dict[str, float]] = {}
+            for key, table in found.items():
+                at = f"{where} {name}.{key}"
+                if not isinstance(table, dict):
+                    raise ConfigurationError(f"{at} must be a table")
+                out[key] = {
+                    k: number(table, k, 0.0, at)
+                    for k in ("hot_days", "archive_years")
+                    if k in table
+                }
+            return out
+
         return cls(
             number(section, "hot_days", 30.0, where),
             number(section, "archive_years", 7.0, where),
-            flows,
+            tables("workflows"),
+            tables("tenants"),
         )
 
-    def hot_seconds(self, workflow: str) -> float:
-        return self.workflows.get(workflow, {}).get("hot_days", self.hot_days) * DAY
+    def _setting(self, key: str, default: float, workflow: str, tenant: str | None) -> float:
+        found = self.workflows.get(workflow, {}).get(key)
+        if found is None:
+            found = self.tenants.get(tenant or "", {}).get(key)
+        return default if found is None else found
+
+    def hot_seconds(self, workflow: str, tenant: str | None = None) -> float:
+        return self._setting("hot_days", self.hot_days, workflow, tenant) * DAY
+
+    def kept_seconds(self, workflow: str, tenant: str | None = None) -> float:
+        """How long after a run started its payloads are kept at all (hot, then archived)."""
+        years = self._setting("archive_years", self.archive_years, workflow, tenant)
+        return self.hot_seconds(workflow, tenant) + years * YEAR
 
 
 @dataclass
@@ -111,6 +149,8 @@ class ArchiveReport:
     events: int = 0
     resumed: int = 0
     dropped: int = 0
+    blobs_dropped: int = 0
+    nodes_dropped: int = 0
     seconds: float = 0.0
     urls: list[str] = field(default_factory=list)
 
@@ -139,18 +179,38 @@ def archive(
     now: float | None = None,
     part_runs: int = 2_000,
     drop: bool = True,
+    actor: Actor | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ArchiveReport:
     """Archive the finished runs started more than ``older_than`` seconds ago (else as the
-    retention ``policy`` says per workflow) to ``dest``; see the module docs."""
+    retention ``policy`` says per workflow) to ``dest``; see the module docs.
+
+    With ``drop`` (the default) each part's hot payloads are dropped once its files
+    were read back whole, then the blobs only archived runs used; ``drop=False`` keeps
+    the hot copies (reads still go to the archive). Dropping needs the role admin (the
+    maintenance login, on PostgreSQL) and is written to the audit trail."""
     t0 = time.perf_counter()
     now = time.time() if now is None else now
     policy = policy or RetentionPolicy()
     report = ArchiveReport()
     say = progress or (lambda _line: None)
+    who = actor or Actor.current(store)
+    if drop and who.role != "admin":
+        raise AccessDeniedError(
+            f"{who.user} (role {who.role}) may not drop hot payloads; that needs the role "
+            "admin (and, on PostgreSQL, the maintenance login); --keep-hot archives only"
+        )
+
+    def finish(part: ArchivePart) -> None:
+        _commit(store, part)
+        if drop:
+            n = _drop(store, part, who)
+            report.dropped += n
+            say(f"dropped the hot payloads of part {part.part_id}: {n} event(s)")
+
     for part in store.archive_pending():
         _write_part(store, part, {})
-        _commit(store, part)
+        finish(part)
         report.resumed += 1
         report.parts += 1
         report.runs += len(part.runs)
@@ -161,11 +221,11 @@ def archive(
     for run in store.list_runs(RunFilter(limit=None)):
         if run.end is None or run.run_id in done:
             continue
-        age = older_than if older_than is not None else policy.hot_seconds(run.workflow)
+        tenant = store.row_tenant(run.start) or ""
+        age = older_than if older_than is not None else policy.hot_seconds(run.workflow, tenant)
         if run.started_at > now - age:
             continue
         day = dt.datetime.fromtimestamp(run.started_at, dt.UTC).strftime("%Y-%m-%d")
-        tenant = store.row_tenant(run.start) or ""
         groups.setdefault((tenant, day), []).append((run.run_id, run.end.event_count))
         listed[run.run_id] = run
     for (tenant, day), runs in sorted(groups.items()):
@@ -177,22 +237,43 @@ def archive(
             if chunk and (not run_id or full):
                 part = _plan(store, dest, tenant, day, chunk, now)
                 n = _write_part(store, part, listed)
-                _commit(store, part)
+                say(f"part {part.part_id}: {len(chunk)} run(s), {n} event(s) -> {part.events_url}")
+                finish(part)
                 report.parts += 1
                 report.runs += len(chunk)
                 report.events += n
                 report.urls.append(part.events_url)
-                say(f"part {part.part_id}: {len(chunk)} run(s), {n} event(s) -> {part.events_url}")
                 chunk, events = [], 0
             if run_id:
                 chunk.append(run_id)
                 events += count
     if drop:
+        # What a drop cut short left (a killed job's): indexed runs with hot payloads.
         archived = sorted(store.archived_ids())
         for start in range(0, len(archived), 1000):
             report.dropped += store.drop_archived_payloads(archived[start : start + 1000])
+        if type(store).drop_archived_blobs is not EventStore.drop_archived_blobs:
+            report.blobs_dropped, report.nodes_dropped = store.drop_archived_blobs()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _drop(store: EventStore, part: ArchivePart, who: Actor) -> int:
+    """Drop the hot payloads of an indexed part's runs, and say so in the audit trail."""
+    n = 0
+    for start in range(0, len(part.runs), 1000):
+        n += store.drop_archived_payloads(part.runs[start : start + 1000])
+    if n:
+        log_reads(
+            store,
+            who,
+            channel="cli",
+            what=("archive-drop",),
+            reads=[(None, part.tenant, ())],
+            purpose=f"archive part {part.part_id}: hot payloads of {len(part.runs)} run(s) "
+            f"({n} event(s)) dropped, kept in {part.events_url}",
+        )
+    return n
 
 
 def _plan(
@@ -219,8 +300,9 @@ def _commit(store: EventStore, part: ArchivePart) -> None:
 
 
 def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) -> int:
-    """Write the part's three files (again, after a crash: the same content); its event
-    count. ``listed`` holds the runs already read (others are read here)."""
+    """Write the part's three files (again, after a crash: the same content) and read
+    them back (see :func:`_check_part`); its event count. ``listed`` holds the runs
+    already read (others are read here)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -229,12 +311,14 @@ def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) ->
     refs: dict[str, set[str]] = {}
     schema = pa.schema([(name, _EVENT_TYPES[name]) for name in EVENT_FIELDS])
     total = 0
+    written: list[tuple[str, int, str]] = []
     fs, path = filesystem(part.events_url)
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(path, "wb") as out:
         writer = pq.ParquetWriter(out, schema, compression="zstd")
         for rows in _run_batches(store, sorted(part.runs)):
             total += len(rows)
+            written.extend((r[0], r[1], r[18]) for r in rows)
             writer.write_table(_event_table(pa, schema, rows, spaces, refs), len(rows))
         if not total:
             writer.write_table(schema.empty_table())
@@ -262,6 +346,9 @@ def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) ->
     with fs.open(path, "wb") as out:
         # Blobs are compressed already; zstd here packs the node rows and the digests.
         pq.write_table(table, out, compression="zstd")
+    tier = {("node", n.tenant, n.digest) for n in nodes}
+    tier.update(("blob", b.tenant, b.digest) for b in blobs)
+    _check_part(part, written, tier)
     return total
 
 
@@ -306,6 +393,49 @@ def _write_runs(
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(path, "wb") as out:
         pq.write_table(table, out, compression="zstd")
+
+
+def _check_part(
+    part: ArchivePart, written: list[tuple[str, int, str]], tier: set[tuple[str, str, str]]
+) -> None:
+    """Read the part's files back from the archive: the events file must hold exactly the
+    rows written (run, seq, hash), the blobs file every node and blob, the runs file the
+    part's runs; else nothing is indexed (nor dropped) and the error names the file."""
+    import pyarrow.parquet as pq
+
+    try:
+        fs, path = filesystem(part.events_url)
+        table = pq.read_table(path, filesystem=fs, columns=["run_id", "seq", "hash"])
+        found = list(
+            zip(*(table.column(c).to_pylist() for c in ("run_id", "seq", "hash")), strict=True)
+        )
+        fs, path = filesystem(part.blobs_url)
+        table = pq.read_table(path, filesystem=fs, columns=["kind", "space", "digest"])
+        stored = set(
+            zip(*(table.column(c).to_pylist() for c in ("kind", "space", "digest")), strict=True)
+        )
+        fs, path = filesystem(runs_url(part.events_url))
+        listed = pq.read_table(path, filesystem=fs, columns=["run_id"]).column(0).to_pylist()
+    except (OSError, ValueError) as exc:
+        raise StoreError(
+            f"archive part {part.part_id} was written but cannot be read back: {exc}; "
+            "nothing of it was indexed or dropped (run the archive again)"
+        ) from exc
+    if Counter(found) != Counter(written):
+        raise StoreError(
+            f"{part.events_url} does not hold what was written ({len(found)} row(s) read "
+            f"back, {len(written)} written); nothing of it was indexed or dropped"
+        )
+    if sorted(listed) != sorted(part.runs):
+        raise StoreError(
+            f"{runs_url(part.events_url)} does not list the part's {len(part.runs)} run(s); "
+            "nothing of the part was indexed or dropped"
+        )
+    if not tier <= stored:
+        raise StoreError(
+            f"{part.blobs_url} lacks {len(tier - stored)} of the {len(tier)} blob and node "
+            "row(s) written; nothing of the part was indexed or dropped"
+        )
 
 
 def _run_batches(store: EventStore, run_ids: Sequence[str]) -> Iterable[list[tuple[Any, ...]]]:

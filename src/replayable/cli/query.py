@@ -77,6 +77,14 @@ Where = Annotated[
         "'request.jurisdiction ^= GB'.",
     ),
 ]
+IncludeArchived = Annotated[
+    bool,
+    typer.Option(
+        "--include-archived",
+        help="Search archived runs' payloads too, fetched from the archive (slow). Without "
+        "it, a --where on request or response leaves archived runs out and says how many.",
+    ),
+]
 
 
 def parse_time(text: str, option: str, now: float) -> float:
@@ -111,6 +119,7 @@ def build_query(
     limit: int = 50,
     offset: int = 0,
     now: float | None = None,
+    include_archived: bool = False,
 ) -> EventQuery:
     """An :class:`EventQuery` from command-line strings (errors name the bad option)."""
     clock = time.time() if now is None else now
@@ -130,6 +139,15 @@ def build_query(
         where=tuple(Predicate.parse(w) for w in where or []),
         limit=limit,
         offset=offset,
+        include_archived=include_archived,
+    )
+
+
+def archived_notice(skipped: int) -> str:
+    """What a search left out: archived runs whose payloads it did not search."""
+    return (
+        f"{skipped} archived run(s) meeting the run filters were not searched: their "
+        "payloads are in the archive; add --include-archived to fetch and search them"
     )
 
 
@@ -150,12 +168,15 @@ def query(
     offset: Annotated[int, typer.Option(help="Runs to skip (from a previous page).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
     archive: ArchiveOpt = None,
+    include_archived: IncludeArchived = False,
     user: AsUser = None,
     role: RoleOpt = None,
     purpose: Purpose = None,
 ) -> None:
     """Find runs whose events match: by workflow, kind, name, time, metadata and payload.
-    Each run found is written to the access log with its matching steps."""
+    Each run found is written to the access log with its matching steps. Archived runs
+    are searched on their metadata; their payloads only with --include-archived (else
+    the command says how many were left out)."""
     q = build_query(
         workflow=workflow,
         kind=kind,
@@ -166,6 +187,7 @@ def query(
         where=where,
         limit=limit,
         offset=offset,
+        include_archived=include_archived,
     )
     audit = reader(ctx, user, role, purpose)
     page = audit.search(q, _archive_search(audit, archive))
@@ -196,6 +218,11 @@ def query(
         shown = f"{len(page.hits)} run(s)"
         more = f"; more with --offset {page.next_offset}" if page.next_offset is not None else ""
         out.print(f"{shown} (offset {page.offset}){more}", markup=False)
+    if page.archived_skipped:
+        if as_json:
+            typer.echo(f"note: {archived_notice(page.archived_skipped)}", err=True)
+        else:
+            out.print(f"note: {archived_notice(page.archived_skipped)}", markup=False)
 
 
 Formats = Annotated[
@@ -228,6 +255,7 @@ def report(
     out: Annotated[Path, typer.Option("--out", help="Directory for the reports.")] = Path(
         "replayable-reports"
     ),
+    include_archived: IncludeArchived = False,
     user: AsUser = None,
     role: RoleOpt = None,
     purpose: Purpose = None,
@@ -252,7 +280,9 @@ def report(
         meta=meta,
         where=where,
         limit=200,
+        include_archived=include_archived,
     )
+    skipped = 0
     private_dir(out)
     written = 0
     offset: int | None = 0
@@ -276,6 +306,7 @@ def report(
             offset = None
         while offset is not None:
             page = source.search(q.page(offset))
+            skipped = page.archived_skipped
             if page.next_offset is None:
                 bar.update(task, total=written + len(page.hits))
             for hit in page.hits:
@@ -285,6 +316,8 @@ def report(
                 bar.advance(task)
             offset = page.next_offset
     console.print(f"{written} report(s) written to {out}", markup=False)
+    if skipped:
+        console.print(f"note: {archived_notice(skipped)}", markup=False)
 
 
 def _archive_search(audit: AuditReader, url: str | None) -> ArchiveSearch | None:

@@ -90,8 +90,9 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     #: the row is sound. A record with problems holds placeholders for what it could
     #: not read: readers show it as unreadable, replay stops at it, verify fails it.
     problems: tuple[str, ...] = ()
-    #: Set when a payload can no longer be read by design (its data key was destroyed):
-    #: "erased on DATE by WHO". The payload's place holds a placeholder and ``problems``
+    #: Set when a payload can no longer be read by design (its data key was destroyed, or
+    #: retention purged it from the archive): "erased on DATE by WHO", "purged on DATE by
+    #: WHO". The payload's place holds a placeholder and ``problems``
     #: says so, and its sha256 (``request_digest``/``response_digest``) stands in for it
     #: in the hash, so the chain still verifies.
     erased: str | None = None

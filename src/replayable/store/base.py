@@ -18,7 +18,7 @@ from replayable.store.audit_base import AuditStore
 from replayable.store.payloads import BlobRow, NodeRow, PayloadTier, TierStats
 
 if TYPE_CHECKING:
-    from replayable.store.cold import ArchivedRun, ArchivePart
+    from replayable.store.cold import ArchivedRun, ArchivePart, PurgedDigest, PurgeRow
     from replayable.store.crypto import ErasureRow, KeyRow
 from replayable.store.search import EventQuery, SearchPage, search_in_python
 
@@ -252,7 +252,7 @@ class EventStore(AuditStore, ABC):
         """The erasures recorded for ``tenant``, oldest first."""
 
     # -- the archive index (see :mod:`replayable.store.cold`) -------------------------
-    # Stores that cannot be archived (memory) keep these defaults.
+    # Stores that cannot be archived keep these defaults.
 
     def archived_runs(self, run_ids: Sequence[str]) -> dict[str, ArchivedRun]:
         """Where each archived run among ``run_ids`` lives (runs not archived are left out)."""
@@ -286,6 +286,30 @@ class EventStore(AuditStore, ABC):
     def drop_archived_payloads(self, run_ids: Sequence[str]) -> int:
         """Clear the hot payloads of archived runs (maintenance); the rows changed."""
         raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
+
+    def drop_archived_blobs(self) -> tuple[int, int]:
+        """Delete the blobs and nodes no hot event references any more (maintenance, after
+        :meth:`drop_archived_payloads`); returns (blobs, nodes) deleted."""
+        raise ConfigurationError(f"{self.url} cannot drop archived blobs")
+
+    def hot_events(self, run_id: str) -> list[Event]:
+        """The run's events as the hot store holds them (no archive read): for an archived
+        run whose payloads were dropped, its metadata and hashes only."""
+        raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
+
+    def archive_index(self) -> list[tuple[ArchivePart, PurgeRow | None]]:
+        """Every planned archive part, oldest first, with its purge record if purged."""
+        return []
+
+    def record_purge(self, part_id: str, digests: Sequence[PurgedDigest], at: float) -> PurgeRow:
+        """Record that retention purged part ``part_id`` (maintenance only), keeping each
+        of its events' payload sha256 so that their hashes still verify; returns the
+        record, naming the login that purged."""
+        raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
+
+    def purged_digests(self, run_id: str) -> dict[int, tuple[str, str | None]]:
+        """The payload sha256s a purge kept for ``run_id``'s events, by seq."""
+        return {}
 
     @abstractmethod
     def get_run(self, run_id: str) -> Run:

@@ -9,18 +9,28 @@ sorted by run and seq, so row-group statistics find them), joined with the
 archived blobs, which stay compressed and encrypted as they were in the hot
 store, so erasing a data key erases archived payloads too.
 
+Once retention purged a run's part (:mod:`replayable.archive.purge`), its events
+are read from the hot rows (metadata and hashes) with the payloads' sha256 the
+purge kept, and the notice "purged on DATE by WHO" in the payloads' place, so
+the chain still verifies (:func:`purged_events`). An archive that cannot be read
+is named in a :class:`StoreError`, never read as empty payloads.
+
 Recently read runs are cached. pyarrow and fsspec are imported on first use
 (``pip install 'replayable[archive]'``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+import msgspec
+import orjson
 
 from replayable.errors import ConfigurationError, StoreError
 from replayable.events.model import Event
@@ -37,7 +47,11 @@ __all__ = [
     "ArchivePart",
     "ArchivedRun",
     "ColdReader",
+    "PurgeRow",
+    "PurgedDigest",
     "filesystem",
+    "purged_events",
+    "purged_notice",
     "runs_url",
 ]
 
@@ -106,13 +120,76 @@ class ArchivePart(NamedTuple):
 
 
 class ArchivedRun(NamedTuple):
-    """Where an archived run's events and blobs are."""
+    """Where an archived run's events and blobs are (``purged``: the notice, "purged on
+    DATE by WHO", once retention removed its part's files)."""
 
     run_id: str
     part_id: str
     events_url: str
     blobs_url: str
     space: str
+    purged: str | None = None
+
+
+class PurgeRow(NamedTuple):
+    """A purged archive part: when, by which login."""
+
+    part_id: str
+    tenant: str
+    purged_at: float
+    purged_by: str
+
+    @property
+    def notice(self) -> str:
+        day = dt.datetime.fromtimestamp(self.purged_at, dt.UTC).strftime("%Y-%m-%d")
+        return f"purged on {day} by {self.purged_by}"
+
+
+#: What a purge keeps of each event's payloads: (run id, seq, request sha256, response
+#: sha256 or None when the event had no response), so that its hash still verifies.
+PurgedDigest = tuple[str, int, str, str | None]
+
+
+def purged_notice(purged_at: float, purged_by: str) -> str:
+    return PurgeRow("", "", purged_at, purged_by).notice
+
+
+def purged_events(
+    events: Sequence[Event], digests: dict[int, tuple[str, str | None]], notice: str
+) -> list[Event]:
+    """The hot events of a purged run (their payloads gone) with the notice in the
+    payloads' place and the recorded sha256 standing in for them in the hash, as for an
+    erased payload. An event whose digests were not recorded is named unreadable."""
+    out = []
+    for e in events:
+        found = digests.get(e.seq)
+        if found is None:
+            out.append(
+                msgspec.structs.replace(
+                    e,
+                    request="null",
+                    response=None,
+                    problems=(*e.problems, f"request: {notice}, and its sha256 was not kept"),
+                )
+            )
+            continue
+        text = orjson.dumps(notice).decode()
+        request_digest, response_digest = found
+        problems = [*e.problems, f"request: {notice}"]
+        if response_digest is not None:
+            problems.append(f"response: {notice}")
+        out.append(
+            msgspec.structs.replace(
+                e,
+                request=text,
+                request_digest=request_digest,
+                response=text if response_digest is not None else None,
+                response_digest=response_digest,
+                erased=notice,
+                problems=tuple(problems),
+            )
+        )
+    return out
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -168,6 +245,9 @@ class ColdReader:
         self._lock = threading.Lock()
 
     def events(self, where: ArchivedRun) -> list[Event]:
+        if where.purged is not None:
+            hot = self.store.hot_events(where.run_id)
+            return purged_events(hot, self.store.purged_digests(where.run_id), where.purged)
         with self._lock:
             found = self._runs.get(where.run_id)
             if found is not None:

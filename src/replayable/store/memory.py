@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from replayable.errors import AppendOnlyError, RunNotFoundError
+import msgspec
+import orjson
+
+from replayable.errors import AppendOnlyError, ConfigurationError, RunNotFoundError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._memory_audit import MemoryAudit
 from replayable.store.base import EventStore, RunFilter, check_range
+from replayable.store.cold import (
+    ArchivedRun,
+    ArchivePart,
+    ColdReader,
+    PurgedDigest,
+    PurgeRow,
+)
 from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption
 from replayable.store.payloads import (
     BlobRow,
@@ -17,9 +27,11 @@ from replayable.store.payloads import (
     PayloadTier,
     TierRows,
     TierStats,
+    node_digest,
     run_space,
     split_space,
 )
+from replayable.store.rows import event_to_row
 
 __all__ = ["MemoryStore"]
 
@@ -44,6 +56,11 @@ class MemoryStore(MemoryAudit, EventStore):
         self.tier = PayloadTier()
         self._keys: dict[tuple[str, str, str, str], KeyRow] = {}
         self._erasures: list[ErasureRow] = []
+        self._parts: dict[str, ArchivePart] = {}
+        self._archived: dict[str, tuple[str, str, float]] = {}
+        self._purges: dict[str, PurgeRow] = {}
+        self._purged: dict[str, dict[int, tuple[str, str | None]]] = {}
+        self.cold = ColdReader(self)
         enable_encryption(self)
         self._audit_init()
 
@@ -127,18 +144,30 @@ class MemoryStore(MemoryAudit, EventStore):
         return runs if f.limit is None else runs[: f.limit]
 
     def events(self, run_id: str) -> list[Event]:
+        cold = self._archived_one(run_id)
+        if cold is not None:
+            return self.cold.events(cold)
+        return self.hot_events(run_id)
+
+    def hot_events(self, run_id: str) -> list[Event]:
         with self._lock:
             by_seq = dict(self._events.get(run_id, {}))
         return self._joined([by_seq[s] for s in sorted(by_seq)])
 
     def events_range(self, run_id: str, first_seq: int, last_seq: int) -> list[Event]:
         check_range(first_seq, last_seq)
+        cold = self._archived_one(run_id)
+        if cold is not None:
+            return [e for e in self.cold.events(cold) if first_seq <= e.seq <= last_seq]
         with self._lock:
             by_seq = self._events.get(run_id, {})
             found = [by_seq[s] for s in sorted(by_seq) if first_seq <= s <= last_seq]
         return self._joined(found)
 
     def event_at(self, run_id: str, seq: int) -> Event | None:
+        cold = self._archived_one(run_id)
+        if cold is not None:
+            return next((e for e in self.cold.events(cold) if e.seq == seq), None)
         with self._lock:
             found = self._events.get(run_id, {}).get(seq)
         return None if found is None else self._joined([found])[0]
@@ -238,3 +267,134 @@ class MemoryStore(MemoryAudit, EventStore):
         with self._lock:
             ids = sorted(self._starts, key=lambda r: (self._starts[r].started_at, r))
         return iter(ids)
+
+    # -- the archive index (see :mod:`replayable.store.cold`) ---------------------------
+
+    def _archived_one(self, run_id: str) -> ArchivedRun | None:
+        if run_id not in self._archived:  # the common case, without the lock
+            return None
+        return self.archived_runs([run_id]).get(run_id)
+
+    def archived_runs(self, run_ids: Sequence[str]) -> dict[str, ArchivedRun]:
+        out: dict[str, ArchivedRun] = {}
+        with self._lock:
+            for rid in run_ids:
+                found = self._archived.get(rid)
+                if found is None:
+                    continue
+                part_id, key_space, _ = found
+                part = self._parts[part_id]
+                purge = self._purges.get(part_id)
+                out[rid] = ArchivedRun(
+                    rid,
+                    part_id,
+                    part.events_url,
+                    part.blobs_url,
+                    key_space,
+                    None if purge is None else purge.notice,
+                )
+        return out
+
+    def archived_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._archived)
+
+    def archive_plan(self, part: ArchivePart) -> None:
+        with self._lock:
+            self._parts.setdefault(part.part_id, part)
+
+    def archive_pending(self) -> list[ArchivePart]:
+        with self._lock:
+            indexed = {p for p, _, _ in self._archived.values()}
+            parts = [p for p in self._parts.values() if p.part_id not in indexed]
+        return sorted(parts, key=lambda p: (p.planned_at, p.part_id))
+
+    def archive_commit(self, part_id: str, runs: Sequence[tuple[str, str]], at: float) -> None:
+        with self._lock:
+            if part_id not in self._parts:
+                raise StoreError(f"archive part {part_id} was never planned in {self.url}")
+            for rid, key_space in runs:
+                self._archived.setdefault(rid, (part_id, key_space, at))
+
+    def stored_rows(self, run_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
+        with self._lock:
+            for rid in sorted(run_ids):
+                by_seq = self._events.get(rid, {})
+                for seq in sorted(by_seq):
+                    refs = self._refs.get((rid, seq), (None, None))
+                    out.append((*event_to_row(by_seq[seq]), *refs))
+        return out
+
+    def run_spaces(self, run_ids: Sequence[str]) -> dict[str, str]:
+        return {rid: self._tenant(rid, ()) for rid in run_ids}
+
+    def drop_archived_payloads(self, run_ids: Sequence[str]) -> int:
+        n = 0
+        with self._lock:
+            for rid in run_ids:
+                if rid not in self._archived:
+                    continue
+                by_seq = self._events.get(rid, {})
+                for seq, e in list(by_seq.items()):
+                    refs = self._refs.pop((rid, seq), None)
+                    if e.request == "null" and e.response is None and refs is None:
+                        continue
+                    by_seq[seq] = msgspec.structs.replace(e, request="null", response=None)
+                    n += 1
+        return n
+
+    def drop_archived_blobs(self) -> tuple[int, int]:
+        with self._lock:
+            live_nodes: set[tuple[str, str]] = set()
+            live_blobs: set[tuple[str, str]] = set()
+            for (rid, _), refs in self._refs.items():
+                key_space = self._tenant(rid, ())
+                for ref in refs:
+                    if ref is None:
+                        continue
+                    if len(ref) == 64:
+                        live_blobs.add((key_space, ref))
+                        continue
+                    at: str | None = ref[64:96]
+                    while at is not None and (key_space, at) not in live_nodes:
+                        node = self._tier_nodes.get((key_space, at))
+                        if node is None:
+                            break  # missing already: the reader names it
+                        if node_digest(node.parent, node.body) != node.digest:
+                            raise StoreError(
+                                f"payload node {at[:12]} is altered: which blobs it needs is "
+                                "unknown, so none were dropped"
+                            )
+                        live_nodes.add((key_space, at))
+                        live_blobs.update((key_space, p[1]) for p in orjson.loads(node.body))
+                        at = node.parent
+            dead_blobs = [k for k in self._tier_blobs if k not in live_blobs]
+            dead_nodes = [k for k in self._tier_nodes if k not in live_nodes]
+            for k in dead_blobs:
+                del self._tier_blobs[k]
+            for k in dead_nodes:
+                del self._tier_nodes[k]
+            self.tier.forget_stored()
+        return len(dead_blobs), len(dead_nodes)
+
+    def archive_index(self) -> list[tuple[ArchivePart, PurgeRow | None]]:
+        with self._lock:
+            parts = sorted(self._parts.values(), key=lambda p: (p.planned_at, p.part_id))
+            return [(p, self._purges.get(p.part_id)) for p in parts]
+
+    def record_purge(self, part_id: str, digests: Sequence[PurgedDigest], at: float) -> PurgeRow:
+        by = self.login_name()
+        with self._lock:
+            part = self._parts.get(part_id)
+            if part is None:
+                raise ConfigurationError(f"no archive part {part_id!r} in {self.url}")
+            for rid, seq, request, response in digests:
+                if self._archived.get(rid, ("",))[0] != part_id:
+                    raise ConfigurationError(f"run {rid} is not in archive part {part_id}")
+                self._purged.setdefault(rid, {}).setdefault(seq, (request, response))
+            return self._purges.setdefault(part_id, PurgeRow(part_id, part.tenant, at, by))
+
+    def purged_digests(self, run_id: str) -> dict[int, tuple[str, str | None]]:
+        with self._lock:
+            return dict(self._purged.get(run_id, {}))

@@ -266,6 +266,15 @@ class EventQuery:
     where: tuple[Predicate, ...] = ()
     limit: int = 50
     offset: int = 0
+    #: Search the payloads of archived runs too, fetching them from the archive (slow:
+    #: a run at a time). Without it a query that tests payloads leaves archived runs
+    #: out and counts them in ``SearchPage.archived_skipped``.
+    include_archived: bool = False
+
+    @property
+    def tests_payloads(self) -> bool:
+        """Whether a predicate looks into requests or responses (what archiving moves)."""
+        return any(p.side in ("request", "response") for p in self.where)
 
     def __post_init__(self) -> None:
         if self.limit < 1:
@@ -299,6 +308,7 @@ class EventQuery:
             where=self.where,
             limit=self.limit,
             offset=offset,
+            include_archived=self.include_archived,
         )
 
 
@@ -321,6 +331,9 @@ class SearchPage:
     hits: list[SearchHit]
     offset: int
     next_offset: int | None
+    #: Archived runs meeting the query's run conditions whose payloads were not searched
+    #: (the query tests payloads and ``include_archived`` was not set): never a silent gap.
+    archived_skipped: int = 0
 
 
 def search_in_python(store: EventStore, query: EventQuery) -> SearchPage:
@@ -328,9 +341,15 @@ def search_in_python(store: EventStore, query: EventQuery) -> SearchPage:
     from replayable.store.base import RunFilter
 
     runs = store.list_runs(RunFilter(workflow=query.workflow, metadata=query.metadata, limit=None))
+    left_out = set()
+    if query.tests_payloads and not query.include_archived:
+        archived = store.archived_ids()
+        left_out = {r.run_id for r in runs if r.run_id in archived}
     hits: list[SearchHit] = []
     skipped = 0
     for run in runs:
+        if run.run_id in left_out:
+            continue
         matching = [e for e in store.events(run.run_id) if query.matches_event(e)]
         if not matching:
             continue
@@ -338,9 +357,9 @@ def search_in_python(store: EventStore, query: EventQuery) -> SearchPage:
             skipped += 1
             continue
         if len(hits) == query.limit:
-            return SearchPage(hits, query.offset, query.offset + query.limit)
+            return SearchPage(hits, query.offset, query.offset + query.limit, len(left_out))
         hits.append(SearchHit(run, matching))
-    return SearchPage(hits, query.offset, None)
+    return SearchPage(hits, query.offset, None, len(left_out))
 
 
 # -- the SQL query builder -------------------------------------------------------------

@@ -16,6 +16,7 @@ import orjson
 from replayable._files import private_file
 from replayable.errors import (
     AppendOnlyError,
+    ConfigurationError,
     RunNotFoundError,
     SchemaVersionError,
     StoreError,
@@ -26,7 +27,14 @@ from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._sqlite_audit import AUDIT_SCHEMA, AUDIT_TABLES, SQLiteAudit, upgrade_audit
 from replayable.store._tier_sql import TierReads
 from replayable.store.base import EventStore, RunFilter, check_range, tag_value
-from replayable.store.cold import ArchivedRun, ArchivePart, ColdReader
+from replayable.store.cold import (
+    ArchivedRun,
+    ArchivePart,
+    ColdReader,
+    PurgedDigest,
+    PurgeRow,
+    purged_notice,
+)
 from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption
 from replayable.store.payloads import (
     SUBJECT_KEY,
@@ -108,6 +116,14 @@ CREATE TABLE IF NOT EXISTS archive_parts (
 CREATE TABLE IF NOT EXISTS archived_runs (
     run_id TEXT PRIMARY KEY, part_id TEXT NOT NULL, space TEXT NOT NULL, archived_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS archive_purges (
+    part_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purged_at REAL NOT NULL,
+    purged_by TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS purged_payloads (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, request_digest TEXT NOT NULL,
+    response_digest TEXT, PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS payload_dicts (
     tenant TEXT NOT NULL, dict_id TEXT NOT NULL, created_at REAL NOT NULL, data BLOB NOT NULL,
     PRIMARY KEY (tenant, dict_id)
@@ -129,6 +145,8 @@ _APPEND_ONLY = (
     "erasures",
     "archive_parts",
     "archived_runs",
+    "archive_purges",
+    "purged_payloads",
     *AUDIT_TABLES,
 )
 
@@ -701,13 +719,79 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             rows = self._query(
-                "SELECT a.run_id, a.part_id, p.events_url, p.blobs_url, a.space "
+                "SELECT a.run_id, a.part_id, p.events_url, p.blobs_url, a.space, "
+                "g.purged_at, g.purged_by "
                 "FROM archived_runs a JOIN archive_parts p ON p.part_id = a.part_id "
+                "LEFT JOIN archive_purges g ON g.part_id = a.part_id "
                 f"WHERE a.run_id IN ({','.join('?' * len(chunk))})",
                 chunk,
             )
-            out.update({r[0]: ArchivedRun(*r) for r in rows})
+            out.update(
+                {
+                    r[0]: ArchivedRun(
+                        r[0],
+                        r[1],
+                        r[2],
+                        r[3],
+                        r[4],
+                        None if r[5] is None else purged_notice(r[5], r[6]),
+                    )
+                    for r in rows
+                }
+            )
         return out
+
+    def hot_events(self, run_id: str) -> list[Event]:
+        return self._events("WHERE run_id = ? ORDER BY seq", (run_id,))
+
+    def archive_index(self) -> list[tuple[ArchivePart, PurgeRow | None]]:
+        rows = self._query(
+            "SELECT p.part_id, p.tenant, p.day, p.runs, p.events_url, p.blobs_url, "
+            "p.planned_at, g.purged_at, g.purged_by FROM archive_parts p "
+            "LEFT JOIN archive_purges g ON g.part_id = p.part_id ORDER BY p.planned_at, p.part_id"
+        )
+        return [
+            (
+                ArchivePart(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6]),
+                None if r[7] is None else PurgeRow(r[0], r[1], r[7], r[8]),
+            )
+            for r in rows
+        ]
+
+    def record_purge(self, part_id: str, digests: Sequence[PurgedDigest], at: float) -> PurgeRow:
+        """The file's owner is the maintenance role of an SQLite store."""
+        found = self._query("SELECT tenant FROM archive_parts WHERE part_id = ?", (part_id,))
+        if not found:
+            raise ConfigurationError(f"no archive part {part_id!r} in {self.url}")
+        row = PurgeRow(part_id, str(found[0][0]), at, self.login_name())
+        with self._write_lock:
+            c = self._conn
+            try:
+                c.execute("BEGIN IMMEDIATE")
+                c.executemany(
+                    "INSERT INTO purged_payloads VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    digests,
+                )
+                c.execute(
+                    "INSERT INTO archive_purges VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", row
+                )
+                c.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise store_error(exc, f"recording a purge in {self.url} failed: {exc}") from exc
+        stored = self._query(
+            "SELECT part_id, tenant, purged_at, purged_by FROM archive_purges WHERE part_id = ?",
+            (part_id,),
+        )
+        return PurgeRow(*stored[0])
+
+    def purged_digests(self, run_id: str) -> dict[int, tuple[str, str | None]]:
+        rows = self._query(
+            "SELECT seq, request_digest, response_digest FROM purged_payloads WHERE run_id = ?",
+            (run_id,),
+        )
+        return {int(r[0]): (str(r[1]), r[2]) for r in rows}
 
     def archived_ids(self) -> set[str]:
         return {str(r[0]) for r in self._query("SELECT run_id FROM archived_runs")}

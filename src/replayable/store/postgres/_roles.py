@@ -30,6 +30,7 @@ from replayable.store.postgres._schema import (
     APPEND_ONLY_TABLES,
     ARCHIVE_TABLES,
     LOG_TABLES,
+    PURGE_TABLES,
     TIER_TABLES,
     valid_identifier,
 )
@@ -41,6 +42,7 @@ MAINTENANCE_PROCEDURES = (
     "purge_payloads(UUID)",
     "erase_data_keys(TEXT, TEXT, DOUBLE PRECISION)",
     "drop_archived_payloads(UUID[])",
+    "record_archive_purge(TEXT, DOUBLE PRECISION, UUID[], INTEGER[], TEXT[], TEXT[])",
 )
 
 
@@ -123,6 +125,7 @@ def init_roles(
             *APPEND_ONLY_TABLES,
             *TIER_TABLES,
             *ARCHIVE_TABLES,
+            *PURGE_TABLES,
             "schema_version",
             "store_info",
             "tenant_members",
@@ -138,8 +141,10 @@ def init_roles(
             sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(s, readers),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, everyone),
             sql.SQL("GRANT SELECT ON {} TO {}").format(
-                tables((*LOG_TABLES, *TIER_TABLES, *ARCHIVE_TABLES)), everyone
+                tables((*LOG_TABLES, *TIER_TABLES, *ARCHIVE_TABLES, *PURGE_TABLES)), everyone
             ),
+            # Purge records are the steward's to write (through record_archive_purge).
+            sql.SQL("GRANT INSERT ON {} TO {}").format(tables(PURGE_TABLES), st),
             # The archiver runs as the maintenance login: it plans and indexes parts.
             sql.SQL("GRANT INSERT ON {} TO {}").format(tables(ARCHIVE_TABLES), m),
             sql.SQL("GRANT SELECT ON {} TO {}").format(

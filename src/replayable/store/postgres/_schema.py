@@ -359,6 +359,85 @@ def _archive_migration() -> list[str]:
     return out
 
 
+#: Retention's purge records (migration 8): which archive parts were purged, when and by
+#: whom, and the payload sha256 of each of their events (so that the chains verify).
+PURGE_TABLES: Final = ("archive_purges", "purged_payloads")
+
+
+def _purge_migration() -> list[str]:
+    out = [
+        """
+        CREATE TABLE {s}.archive_purges (
+            part_id   TEXT PRIMARY KEY,
+            tenant    TEXT NOT NULL,
+            purged_at DOUBLE PRECISION NOT NULL,
+            purged_by TEXT NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE {s}.purged_payloads (
+            run_id          UUID NOT NULL,
+            sequence        INTEGER NOT NULL,
+            tenant          TEXT NOT NULL,
+            request_digest  TEXT NOT NULL,
+            response_digest TEXT,
+            PRIMARY KEY (run_id, sequence)
+        )
+        """,
+        # The steward's, for the maintenance role: only a part the index holds, of a
+        # tenant the session may write, and only digests of that part's runs; the
+        # purging login is the session user, whatever the caller says.
+        """
+        CREATE FUNCTION {s}.record_archive_purge(
+            p_part_id TEXT, p_at DOUBLE PRECISION, p_runs UUID[], p_seqs INTEGER[],
+            p_requests TEXT[], p_responses TEXT[]
+        ) RETURNS TEXT
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+        DECLARE part_tenant TEXT;
+        BEGIN
+            SELECT p.tenant INTO part_tenant FROM {s}.archive_parts p
+             WHERE p.part_id = p_part_id;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'replayable: no archive part % among the tenants % may read',
+                    quote_literal(p_part_id), session_user USING ERRCODE = 'RPL02';
+            END IF;
+            IF NOT part_tenant = ANY ({s}.session_tenants(true)) THEN
+                RAISE EXCEPTION 'replayable: % may not purge archives of tenant %',
+                    session_user, quote_literal(part_tenant) USING ERRCODE = '42501';
+            END IF;
+            IF EXISTS (
+                SELECT 1 FROM unnest(p_runs) r(run_id)
+                 WHERE NOT EXISTS (SELECT 1 FROM {s}.archived_runs a
+                                    WHERE a.run_id = r.run_id AND a.part_id = p_part_id)
+            ) THEN
+                RAISE EXCEPTION 'replayable: digests given for runs not in archive part %',
+                    quote_literal(p_part_id) USING ERRCODE = '22023';
+            END IF;
+            INSERT INTO {s}.purged_payloads
+                (run_id, sequence, tenant, request_digest, response_digest)
+            SELECT d.run_id, d.seq, part_tenant, d.request, d.response
+              FROM unnest(p_runs, p_seqs, p_requests, p_responses) d(run_id, seq, request, response)
+            ON CONFLICT DO NOTHING;
+            INSERT INTO {s}.archive_purges (part_id, tenant, purged_at, purged_by)
+            VALUES (p_part_id, part_tenant, p_at, session_user) ON CONFLICT DO NOTHING;
+            RETURN session_user;
+        END $$
+        """,
+        "REVOKE ALL ON FUNCTION {s}.record_archive_purge(TEXT, DOUBLE PRECISION, UUID[], "
+        "INTEGER[], TEXT[], TEXT[]) FROM PUBLIC",
+    ]
+    for table in PURGE_TABLES:
+        out += [
+            f"REVOKE ALL ON {{s}}.{table} FROM PUBLIC",
+            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {{s}}.{table} "
+            "FOR EACH ROW EXECUTE FUNCTION {s}.refuse_change()",
+            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {{s}}.{table} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse_change()",
+            *tenant_policy(table, "tenant"),
+        ]
+    return out
+
+
 #: Migration n (1-based) brings a database from version n-1 to n.
 MIGRATIONS: Final[list[list[str]]] = [
     _V1 + _v1_guards(),
@@ -368,6 +447,7 @@ MIGRATIONS: Final[list[list[str]]] = [
     AUDIT_KEYED,
     _tier_migration(),
     _archive_migration(),
+    _purge_migration(),
 ]
 LATEST_VERSION: Final = len(MIGRATIONS)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Final
 
 from replayable.store.postgres._store import _EVENT_ROW_COLS, run_tags
@@ -26,6 +27,78 @@ _WALK_FACTOR: Final = 4
 
 
 def search(store: PostgresStore, query: EventQuery) -> SearchPage:
+    """Runs with matching events, newest first, paginated by run (see :func:`_search`).
+
+    Archived runs keep their events' metadata hot but not their payloads: a query that
+    tests payloads leaves them out of the SQL and counts them (``archived_skipped``), or,
+    with ``include_archived``, tests them in Python on their events fetched from the
+    archive and merges them in by start time.
+    """
+    if not query.tests_payloads:
+        return _search(store, query, exclude_archived=False)
+    if not query.include_archived:
+        page = _search(store, query, exclude_archived=True)
+        return dataclasses.replace(page, archived_skipped=_archived_count(store, query))
+    need = query.offset + query.limit + 1
+    wide = dataclasses.replace(query, offset=0, limit=need)
+    hot = _search(store, wide, exclude_archived=True).hits
+    cold: list[SearchHit] = []
+    for rid in _archived_ids(store, query):
+        if len(cold) == need:
+            break
+        matching = [e for e in store.events(rid) if query.matches_event(e)]
+        if matching:
+            runs = store.get_runs([rid])
+            if rid in runs:
+                cold.append(SearchHit(runs[rid], matching))
+    merged = sorted(hot + cold, key=lambda h: (h.run.started_at, h.run_id), reverse=True)
+    shown = merged[query.offset : query.offset + query.limit]
+    more = len(merged) > query.offset + query.limit
+    return SearchPage(shown, query.offset, query.offset + query.limit if more else None)
+
+
+def _run_conditions(query: EventQuery) -> tuple[str, list[Any]] | None:
+    """The runs' conditions in SQL (``None``: no run can match)."""
+    run_where: list[str] = []
+    run_params: list[Any] = []
+    if query.workflow is not None:
+        run_where.append("r.workflow = %s")
+        run_params.append(query.workflow)
+    if query.metadata:
+        if any(isinstance(v, dict | list) for v in query.metadata.values()):
+            return None
+        run_where.append("r.tags @> %s::text[]")
+        run_params.append(run_tags(dict(query.metadata)))
+    return " AND ".join(run_where) or "TRUE", run_params
+
+
+def _archived_count(store: PostgresStore, query: EventQuery) -> int:
+    found = _run_conditions(query)
+    if found is None:
+        return 0
+    cond, params = found
+    rows = store.query(
+        f"SELECT count(*) FROM runs r JOIN archived_runs a ON a.run_id = r.run_id WHERE {cond}",
+        params,
+    )
+    return int(rows[0][0])
+
+
+def _archived_ids(store: PostgresStore, query: EventQuery) -> list[str]:
+    """The archived runs meeting the run conditions, newest first."""
+    found = _run_conditions(query)
+    if found is None:
+        return []
+    cond, params = found
+    rows = store.query(
+        "SELECT r.run_id::text FROM runs r JOIN archived_runs a ON a.run_id = r.run_id "
+        f"WHERE {cond} ORDER BY r.started_at DESC, r.run_id DESC",
+        params,
+    )
+    return [row[0] for row in rows]
+
+
+def _search(store: PostgresStore, query: EventQuery, *, exclude_archived: bool) -> SearchPage:
     """Runs with matching events, newest first, paginated by run.
 
     Two plans, chosen by what the data turn out to be. A *walk* goes through the
@@ -37,16 +110,10 @@ def search(store: PostgresStore, query: EventQuery) -> SearchPage:
     index where given) and orders their runs. JSONB predicates defeat the planner's
     row estimates, so the choice is made here rather than left to one query.
     """
-    run_where: list[str] = []
-    run_params: list[Any] = []
-    if query.workflow is not None:
-        run_where.append("r.workflow = %s")
-        run_params.append(query.workflow)
-    if query.metadata:
-        if any(isinstance(v, dict | list) for v in query.metadata.values()):
-            return SearchPage([], query.offset, None)
-        run_where.append("r.tags @> %s::text[]")
-        run_params.append(run_tags(dict(query.metadata)))
+    conditions = _run_conditions(query)
+    if conditions is None:
+        return SearchPage([], query.offset, None)
+    run_cond, run_params = conditions
     where: list[str] = []
     params: list[Any] = []
     if query.kind is not None:
@@ -69,8 +136,9 @@ def search(store: PostgresStore, query: EventQuery) -> SearchPage:
             clause = f"(e.{predicate.side}_ref IS NOT NULL OR {clause})"
         where.append(clause)
         params.extend(args)
+    if exclude_archived:
+        where.append("NOT EXISTS (SELECT 1 FROM archived_runs a WHERE a.run_id = e.run_id)")
     event_cond = " AND ".join(where) or "TRUE"
-    run_cond = " AND ".join(run_where) or "TRUE"
     need = query.offset + query.limit + 1
     window = max(_WALK_RUNS, need * _WALK_FACTOR)
     ordered = (
@@ -115,10 +183,17 @@ def search(store: PostgresStore, query: EventQuery) -> SearchPage:
     )
     by_run: dict[str, list[Any]] = {}
     tiered = {(row[0], row[1]) for row in rows if row[20] is not None or row[21] is not None}
-    for event in store.joined(rows):
+    archived = store.archived_runs(run_ids)
+    for event in store.joined([row for row in rows if row[0] not in archived]):
         if (event.run_id, event.seq) in tiered and not query.matches_event(event):
             continue
         by_run.setdefault(event.run_id, []).append(event)
+    for rid, matched in found:
+        if rid in archived:
+            # Matched on metadata the hot store keeps; the events shown come whole
+            # from the archive (or the reader says why they cannot).
+            wanted = set(matched)
+            by_run[rid] = [e for e in store.events(rid) if e.seq in wanted]
     hits = [SearchHit(runs[rid], by_run[rid]) for rid in run_ids if rid in runs and rid in by_run]
     return SearchPage(hits, query.offset, query.offset + query.limit if more else None)
 

@@ -19,7 +19,14 @@ from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._tier_sql import TierReads
 from replayable.store.base import EventStore, RunFilter, check_range, tag_value
-from replayable.store.cold import ArchivedRun, ArchivePart, ColdReader
+from replayable.store.cold import (
+    ArchivedRun,
+    ArchivePart,
+    ColdReader,
+    PurgedDigest,
+    PurgeRow,
+    purged_notice,
+)
 from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption
 from replayable.store.payloads import (
     SUBJECT_KEY,
@@ -603,12 +610,79 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         if not valid:
             return {}
         rows = self.query(
-            "SELECT a.run_id::text, a.part_id, p.events_url, p.blobs_url, a.space "
+            "SELECT a.run_id::text, a.part_id, p.events_url, p.blobs_url, a.space, "
+            "g.purged_at, g.purged_by "
             "FROM archived_runs a JOIN archive_parts p ON p.part_id = a.part_id "
+            "LEFT JOIN archive_purges g ON g.part_id = a.part_id "
             "WHERE a.run_id = ANY(%s::uuid[])",
             (valid,),
         )
-        return {r[0]: ArchivedRun(*r) for r in rows}
+        return {
+            r[0]: ArchivedRun(
+                r[0], r[1], r[2], r[3], r[4], None if r[5] is None else purged_notice(r[5], r[6])
+            )
+            for r in rows
+        }
+
+    def hot_events(self, run_id: str) -> list[Event]:
+        if not _is_uuid(run_id):
+            return []
+        rows = self.query(
+            f"SELECT {_EVENT_ROW_COLS} FROM agent_execution_events WHERE run_id = %s "
+            "ORDER BY sequence",
+            (run_id,),
+        )
+        return self.joined(rows)
+
+    def archive_index(self) -> list[tuple[ArchivePart, PurgeRow | None]]:
+        rows = self.query(
+            "SELECT p.part_id, p.tenant, p.day, p.runs, p.events_url, p.blobs_url, "
+            "p.planned_at, g.purged_at, g.purged_by FROM archive_parts p "
+            "LEFT JOIN archive_purges g ON g.part_id = p.part_id ORDER BY p.planned_at, p.part_id"
+        )
+        return [
+            (
+                ArchivePart(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6]),
+                None if r[7] is None else PurgeRow(r[0], r[1], r[7], r[8]),
+            )
+            for r in rows
+        ]
+
+    def record_purge(self, part_id: str, digests: Sequence[PurgedDigest], at: float) -> PurgeRow:
+        """Through ``record_archive_purge``: the maintenance role's, recorded under the
+        session's login."""
+        valid = [d for d in digests if _is_uuid(d[0])]
+        with self._write_lock:
+            try:
+                self._conn(write=True).execute(
+                    "SELECT record_archive_purge(%s, %s, %s::uuid[], %s::int[], %s::text[], "
+                    "%s::text[])",
+                    (
+                        part_id,
+                        at,
+                        [d[0] for d in valid],
+                        [d[1] for d in valid],
+                        [d[2] for d in valid],
+                        [d[3] for d in valid],
+                    ),
+                )
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "recording a purge")
+        stored = self.query(
+            "SELECT part_id, tenant, purged_at, purged_by FROM archive_purges WHERE part_id = %s",
+            (part_id,),
+        )
+        return PurgeRow(*stored[0])
+
+    def purged_digests(self, run_id: str) -> dict[int, tuple[str, str | None]]:
+        if not _is_uuid(run_id):
+            return {}
+        rows = self.query(
+            "SELECT sequence, request_digest, response_digest FROM purged_payloads "
+            "WHERE run_id = %s",
+            (run_id,),
+        )
+        return {int(r[0]): (str(r[1]), r[2]) for r in rows}
 
     def archived_ids(self) -> set[str]:
         return {str(r[0]) for r in self.query("SELECT run_id::text FROM archived_runs")}
