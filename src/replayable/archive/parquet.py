@@ -45,7 +45,7 @@ from replayable.store.base import EventStore, RunFilter, tag_value
 from replayable.store.cold import EVENT_FIELDS, RUN_FIELDS, ArchivePart, filesystem, runs_url
 from replayable.store.payloads import BlobRow, NodeRow, reachable
 
-__all__ = ["ArchiveReport", "RetentionPolicy", "archive", "parse_age"]
+__all__ = ["ArchiveReport", "RetentionPolicy", "archive", "drop_blobs", "parse_age"]
 
 #: Event rows per row group (cut at the next run boundary).
 ROW_GROUP_ROWS: Final = 16_384
@@ -151,6 +151,8 @@ class ArchiveReport:
     dropped: int = 0
     blobs_dropped: int = 0
     nodes_dropped: int = 0
+    #: The store keeps blob rows (PostgreSQL): only references and inline text were dropped.
+    blobs_kept: bool = False
     seconds: float = 0.0
     urls: list[str] = field(default_factory=list)
 
@@ -252,10 +254,22 @@ def archive(
         archived = sorted(store.archived_ids())
         for start in range(0, len(archived), 1000):
             report.dropped += store.drop_archived_payloads(archived[start : start + 1000])
-        if type(store).drop_archived_blobs is not EventStore.drop_archived_blobs:
-            report.blobs_dropped, report.nodes_dropped = store.drop_archived_blobs()
+        dropped = drop_blobs(store)
+        if dropped is None:
+            report.blobs_kept = True
+        else:
+            report.blobs_dropped, report.nodes_dropped = dropped
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def drop_blobs(store: EventStore) -> tuple[int, int] | None:
+    """The store's ``drop_archived_blobs()`` (blobs, nodes deleted), or ``None`` when the
+    store has no such step and keeps its blob rows."""
+    try:
+        return store.drop_archived_blobs()
+    except ConfigurationError:
+        return None
 
 
 def _drop(store: EventStore, part: ArchivePart, who: Actor) -> int:

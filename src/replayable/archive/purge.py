@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from replayable.archive.parquet import RetentionPolicy
+from replayable.archive.parquet import RetentionPolicy, drop_blobs
 from replayable.audit.access import log_reads
 from replayable.audit.actor import Actor
 from replayable.errors import AccessDeniedError, StoreError
@@ -119,8 +119,7 @@ def purge(
         )
         say(f"purged part {part.part_id}: {len(part.runs)} run(s), {len(digests)} event(s)")
     if report.parts and not dry_run:
-        if type(store).drop_archived_blobs is not EventStore.drop_archived_blobs:
-            store.drop_archived_blobs()
+        drop_blobs(store)
         cold = store.__dict__.get("cold")
         if cold is not None:
             cold.forget()
