@@ -385,12 +385,12 @@ def test_purge_removes_expired_archives_and_leaves_verifiable_notices(
     before = {rid: backend.writer.events(rid) for rid in [*old, recent]}
     archive(backend.maint, str(dest), older_than=30 * 86_400.0)
     files = sorted(dest.rglob("*.parquet"))
-    assert len(files) == 4  # two parts (1970 and last year), events and blobs each
+    assert len(files) == 6  # two parts (1970 and last year), events, blobs and runs each
     report = purge(backend.maint, now=NOW)
     assert (report.parts, report.runs, report.events) == (1, 2, 4)
     assert report.by == backend.login
     left = sorted(dest.rglob("*.parquet"))
-    assert len(left) == 2
+    assert len(left) == 3
     assert all("date=1970-01-01" not in str(p) for p in left)
     day = time.strftime("%Y-%m-%d", time.gmtime(NOW))
     notice = f"purged on {day} by {backend.login}"
@@ -447,7 +447,7 @@ def test_purge_needs_the_maintenance_role(backend: Backend, tmp_path: Path) -> N
         with pytest.raises(StoreError):
             purge(backend.writer, now=NOW)
     assert DOC in backend.maint.events(rid)[0].request
-    assert len(list((tmp_path / "arch").rglob("*.parquet"))) == 2
+    assert len(list((tmp_path / "arch").rglob("*.parquet"))) == 3
 
 
 def test_a_purge_killed_before_deleting_files_is_finished_by_the_rerun(
@@ -462,7 +462,7 @@ def test_a_purge_killed_before_deleting_files_is_finished_by_the_rerun(
     with pytest.raises(KeyboardInterrupt):
         purge(backend.maint, now=NOW)
     monkeypatch.undo()
-    assert len(list(dest.rglob("*.parquet"))) == 2  # recorded, files still there
+    assert len(list(dest.rglob("*.parquet"))) == 3  # recorded, files still there
     assert backend.maint.events(rid)[0].erased is not None
     report = purge(backend.maint, now=NOW)
     assert (report.parts, report.finished) == (0, 1)
@@ -479,7 +479,7 @@ def test_purge_refuses_a_part_whose_file_is_unreadable(backend: Backend, tmp_pat
     with pytest.raises(StoreError, match=r"cannot purge archive part .* nothing of the part"):
         purge(backend.maint, now=NOW)
     assert backend.maint.archive_index()[0][1] is None
-    assert len(list(dest.rglob("*.parquet"))) == 2
+    assert len(list(dest.rglob("*.parquet"))) == 3
     assert backend.hot_payloads([rid]) == 0
 
 
@@ -538,8 +538,9 @@ def test_query_command_says_what_it_did_not_search(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert hot in result.output
     assert old not in result.output
-    assert "1 archived run(s) meeting the run filters were not searched" in result.output
-    assert "--include-archived" in result.output
+    text = " ".join(result.output.split())
+    assert "1 archived run(s) meeting the run filters were not searched" in text
+    assert "--include-archived" in text
     result = CliRunner().invoke(app, [*args, "--include-archived"])
     assert result.exit_code == 0, result.output
     assert hot in result.output
@@ -612,7 +613,7 @@ def test_archive_and_purge_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     code, text = run("archive", "purge", "--dry-run")
     assert code == 0, text
     assert "would purge 1 archive part(s): 1 run(s)" in text
-    assert len(list(Path(dest).rglob("*.parquet"))) == 2
+    assert len(list(Path(dest).rglob("*.parquet"))) == 3
     code, text = run("archive", "purge", "--yes")
     assert code == 0, text
     assert "purged 1 archive part(s): 1 run(s), 2 event(s)" in text

@@ -290,8 +290,10 @@ def test_encrypted_payloads_are_decrypted_for_candidates_and_erased_ones_never_m
         ),
         limit=2,
     )
+    # The store's own search fetches the archived (and dropped) payloads when asked to.
+    on_store = dataclasses.replace(impact, include_archived=True)
     affected = [new_id(900 + n) for n in range(1, 41) if n % 3 == 0 and n % 2]
-    assert _answers(search, impact) == _answers(store, impact)
+    assert _answers(search, impact) == _answers(store, on_store)
     assert [r for p in _answers(search, impact) for r, _ in p[1]] == affected
     cond = event_filter(impact, DUCKDB)
     rows = search._sql(
@@ -304,7 +306,7 @@ def test_encrypted_payloads_are_decrypted_for_candidates_and_erased_ones_never_m
     erased = {new_id(900 + n) for n in range(1, 41) if n % 4 == 1}
     after = [r for p in _answers(search, impact) for r, _ in p[1]]
     assert after == [r for r in affected if r not in erased]
-    assert after == [r for p in _answers(store, impact) for r, _ in p[1]]
+    assert after == [r for p in _answers(store, on_store) for r, _ in p[1]]
     by_kind = ArchiveSearch(url, store).search(EventQuery(metadata={"n": 1}, limit=5))
     assert [h.run_id for h in by_kind.hits] == [new_id(901)]
     assert all(e.erased for e in by_kind.hits[0].events)
@@ -337,7 +339,7 @@ def test_query_command_over_the_archive(sqlite_archived: tuple[SQLiteStore, str]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     listed = [json.loads(line) for line in result.output.splitlines()]
-    expected = store.search(dataclasses.replace(IMPACT, limit=100)).hits
+    expected = store.search(dataclasses.replace(IMPACT, limit=100, include_archived=True)).hits
     assert [r["run_id"] for r in listed] == [h.run_id for h in expected]
     assert len(listed) == 14
 

@@ -81,8 +81,9 @@ IncludeArchived = Annotated[
     bool,
     typer.Option(
         "--include-archived",
-        help="Search archived runs' payloads too, fetched from the archive (slow). Without "
-        "it, a --where on request or response leaves archived runs out and says how many.",
+        help="Search the payloads of archived runs whose hot copies were dropped too, "
+        "fetched from the archive (slow). Without it, a --where on request or response "
+        "leaves those runs out and says how many.",
     ),
 ]
 
@@ -147,7 +148,8 @@ def archived_notice(skipped: int) -> str:
     """What a search left out: archived runs whose payloads it did not search."""
     return (
         f"{skipped} archived run(s) meeting the run filters were not searched: their "
-        "payloads are in the archive; add --include-archived to fetch and search them"
+        "payloads are in the archive only; add --include-archived to fetch and search "
+        "them, or query the archive itself with --archive URL"
     )
 
 

@@ -292,6 +292,11 @@ class EventStore(AuditStore, ABC):
         :meth:`drop_archived_payloads`); returns (blobs, nodes) deleted."""
         raise ConfigurationError(f"{self.url} cannot drop archived blobs")
 
+    def dropped_ids(self) -> set[str]:
+        """The archived runs whose hot payloads were dropped (what a search of the hot
+        store cannot test: their payloads are only in the archive)."""
+        return set()
+
     def hot_events(self, run_id: str) -> list[Event]:
         """The run's events as the hot store holds them (no archive read): for an archived
         run whose payloads were dropped, its metadata and hashes only."""

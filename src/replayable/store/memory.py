@@ -295,6 +295,17 @@ class MemoryStore(MemoryAudit, EventStore):
                 )
         return out
 
+    def dropped_ids(self) -> set[str]:
+        with self._lock:
+            return {
+                rid
+                for rid in self._archived
+                if any(
+                    e.request == "null" and e.response is None and (rid, seq) not in self._refs
+                    for seq, e in self._events.get(rid, {}).items()
+                )
+            }
+
     def archived_ids(self) -> set[str]:
         with self._lock:
             return set(self._archived)

@@ -266,9 +266,9 @@ class EventQuery:
     where: tuple[Predicate, ...] = ()
     limit: int = 50
     offset: int = 0
-    #: Search the payloads of archived runs too, fetching them from the archive (slow:
-    #: a run at a time). Without it a query that tests payloads leaves archived runs
-    #: out and counts them in ``SearchPage.archived_skipped``.
+    #: Search the payloads of archived runs whose hot copies were dropped too, fetching
+    #: them from the archive (slow: a run at a time). Without it a query that tests
+    #: payloads leaves those runs out and counts them in ``SearchPage.archived_skipped``.
     include_archived: bool = False
 
     @property
@@ -343,8 +343,8 @@ def search_in_python(store: EventStore, query: EventQuery) -> SearchPage:
     runs = store.list_runs(RunFilter(workflow=query.workflow, metadata=query.metadata, limit=None))
     left_out = set()
     if query.tests_payloads and not query.include_archived:
-        archived = store.archived_ids()
-        left_out = {r.run_id for r in runs if r.run_id in archived}
+        dropped = store.dropped_ids()
+        left_out = {r.run_id for r in runs if r.run_id in dropped}
     hits: list[SearchHit] = []
     skipped = 0
     for run in runs:

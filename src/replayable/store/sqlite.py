@@ -741,6 +741,14 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             )
         return out
 
+    def dropped_ids(self) -> set[str]:
+        rows = self._query(
+            "SELECT DISTINCT e.run_id FROM archived_runs a JOIN events e ON e.run_id = a.run_id "
+            "WHERE e.request = 'null' AND e.response IS NULL AND e.request_ref IS NULL "
+            "AND e.response_ref IS NULL"
+        )
+        return {str(r[0]) for r in rows}
+
     def hot_events(self, run_id: str) -> list[Event]:
         return self._events("WHERE run_id = ? ORDER BY seq", (run_id,))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Final
 
-from replayable.store.postgres._store import _EVENT_ROW_COLS, run_tags
+from replayable.store.postgres._store import _EVENT_ROW_COLS, DROPPED_EVENT, run_tags
 from replayable.store.search import POSTGRES, EventQuery, Predicate, SearchHit, SearchPage
 
 if TYPE_CHECKING:
@@ -29,10 +29,11 @@ _WALK_FACTOR: Final = 4
 def search(store: PostgresStore, query: EventQuery) -> SearchPage:
     """Runs with matching events, newest first, paginated by run (see :func:`_search`).
 
-    Archived runs keep their events' metadata hot but not their payloads: a query that
-    tests payloads leaves them out of the SQL and counts them (``archived_skipped``), or,
-    with ``include_archived``, tests them in Python on their events fetched from the
-    archive and merges them in by start time.
+    Archived runs whose hot payloads were dropped keep their events' metadata hot but
+    not their payloads: a query that tests payloads leaves those events out of the SQL
+    and counts their runs (``archived_skipped``), or, with ``include_archived``, tests
+    those runs in Python on their events fetched from the archive and merges them in
+    by start time.
     """
     if not query.tests_payloads:
         return _search(store, query, exclude_archived=False)
@@ -43,7 +44,10 @@ def search(store: PostgresStore, query: EventQuery) -> SearchPage:
     wide = dataclasses.replace(query, offset=0, limit=need)
     hot = _search(store, wide, exclude_archived=True).hits
     cold: list[SearchHit] = []
+    seen = {h.run_id for h in hot}
     for rid in _archived_ids(store, query):
+        if rid in seen:
+            continue
         if len(cold) == need:
             break
         matching = [e for e in store.events(rid) if query.matches_event(e)]
@@ -78,21 +82,28 @@ def _archived_count(store: PostgresStore, query: EventQuery) -> int:
         return 0
     cond, params = found
     rows = store.query(
-        f"SELECT count(*) FROM runs r JOIN archived_runs a ON a.run_id = r.run_id WHERE {cond}",
+        f"SELECT count(*) FROM runs r JOIN archived_runs a ON a.run_id = r.run_id WHERE {cond} "
+        f"AND EXISTS ({_DROPPED_IN_RUN})",
         params,
     )
     return int(rows[0][0])
 
 
+#: A run (``r``) some of whose events' payloads were dropped from the hot store.
+_DROPPED_IN_RUN: Final = (
+    f"SELECT 1 FROM agent_execution_events e WHERE e.run_id = r.run_id AND {DROPPED_EVENT}"
+)
+
+
 def _archived_ids(store: PostgresStore, query: EventQuery) -> list[str]:
-    """The archived runs meeting the run conditions, newest first."""
+    """The archived runs with dropped payloads meeting the run conditions, newest first."""
     found = _run_conditions(query)
     if found is None:
         return []
     cond, params = found
     rows = store.query(
         "SELECT r.run_id::text FROM runs r JOIN archived_runs a ON a.run_id = r.run_id "
-        f"WHERE {cond} ORDER BY r.started_at DESC, r.run_id DESC",
+        f"WHERE {cond} AND EXISTS ({_DROPPED_IN_RUN}) ORDER BY r.started_at DESC, r.run_id DESC",
         params,
     )
     return [row[0] for row in rows]
@@ -137,7 +148,11 @@ def _search(store: PostgresStore, query: EventQuery, *, exclude_archived: bool) 
         where.append(clause)
         params.extend(args)
     if exclude_archived:
-        where.append("NOT EXISTS (SELECT 1 FROM archived_runs a WHERE a.run_id = e.run_id)")
+        # An archived event whose payloads were dropped cannot be tested here.
+        where.append(
+            f"NOT ({DROPPED_EVENT} AND EXISTS (SELECT 1 FROM archived_runs a "
+            "WHERE a.run_id = e.run_id))"
+        )
     event_cond = " AND ".join(where) or "TRUE"
     need = query.offset + query.limit + 1
     window = max(_WALK_RUNS, need * _WALK_FACTOR)

@@ -97,6 +97,14 @@ def _dumps(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
+#: An event row whose payloads the archive dropped from the hot store (an archived
+#: run's rows; a recorded event always has a request other than JSON null, or a response).
+DROPPED_EVENT = (
+    "e.request_text = 'null' AND e.response_text IS NULL AND e.request_ref IS NULL "
+    "AND e.response_ref IS NULL"
+)
+
+
 def _is_uuid(text: str | None) -> bool:
     if text is None:
         return True
@@ -623,6 +631,13 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
             )
             for r in rows
         }
+
+    def dropped_ids(self) -> set[str]:
+        rows = self.query(
+            "SELECT a.run_id::text FROM archived_runs a WHERE EXISTS (SELECT 1 FROM "
+            f"agent_execution_events e WHERE e.run_id = a.run_id AND {DROPPED_EVENT})"
+        )
+        return {str(r[0]) for r in rows}
 
     def hot_events(self, run_id: str) -> list[Event]:
         if not _is_uuid(run_id):

@@ -475,6 +475,7 @@ for _name in (
     "drop_archived_payloads",
     "drop_archived_blobs",
     "hot_events",
+    "dropped_ids",
     "archive_index",
     "record_purge",
     "purged_digests",
