@@ -623,3 +623,46 @@ def test_archive_and_purge_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert "purged on" in text
     code, text = run("verify", rid)
     assert code == 0, text
+
+
+# -- the web app says what a search left out --------------------------------------------
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_web_runs_and_reports_say_what_they_did_not_search(tmp_path: Path) -> None:
+    import httpx
+
+    from tests.test_web import _app, _build, bearer
+
+    world = _build(tmp_path)
+    try:
+        report = archive(world.store, str(tmp_path / "arch"), older_than=0.0)
+        assert world.run in world.store.archived_ids()
+        assert report.dropped
+        app = _app(world)
+        filters = "name=query_compliance_rules&where=response+empty"
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="https://localhost") as c:
+                h = bearer(world, "auditor")
+                left = (await c.get(f"/api/runs?{filters}", headers=h)).json()
+                assert left["archived_not_searched"] >= 1
+                assert world.run not in [r["run_id"] for r in left["runs"]]
+                page = await c.get(f"/runs?{filters}", headers=h)
+                assert 'id="archived-not-searched"' in page.text
+                assert "archived=true" in page.text
+                full = (await c.get(f"/api/runs?{filters}&archived=true", headers=h)).json()
+                assert full["archived_not_searched"] == 0
+                assert world.run in [r["run_id"] for r in full["runs"]]
+                reports = await c.get(f"/reports?{filters}", headers=h)
+                assert 'id="archived-not-searched"' in reports.text
+                reports = await c.get(f"/reports?{filters}&archived=true", headers=h)
+                assert 'id="archived-not-searched"' not in reports.text
+                assert world.run[:13] in reports.text
+    finally:
+        world.store.close()

@@ -92,10 +92,12 @@ def register(app: FastAPI, state: WebState, guard: Callable[[str], Any]) -> None
         sort: str = "-started",
         page: Annotated[int, Query(ge=1, le=100_000)] = 1,
         per: Annotated[int, Query(ge=1, le=500)] = 50,
+        archived: bool = False,
     ) -> Response:
         """Runs, newest first: by workflow, status, start time, metadata ``key=value``,
         tenant (admins), anomaly rule, annotation verdict, and the event predicates of
-        ``replayable query`` (kind, name, ``where='response.rows empty'``)."""
+        ``replayable query`` (kind, name, ``where='response.rows empty'``; ``archived``
+        searches dropped archived payloads too, fetched from the archive)."""
         q = RunQuery(
             workflow=workflow or None,
             status=status or None,
@@ -111,9 +113,10 @@ def register(app: FastAPI, state: WebState, guard: Callable[[str], Any]) -> None
             sort=sort,
             page=page,
             per=per,
+            archived=archived,
         )
         reader = ctx.reader()
-        found, steps, more, complete = list_runs(reader, q, ctx.principal.tenant)
+        found, steps, more, complete, skipped = list_runs(reader, q, ctx.principal.tenant)
         store = ctx.store
         rows = []
         for r in found:
@@ -132,6 +135,8 @@ def register(app: FastAPI, state: WebState, guard: Callable[[str], Any]) -> None
             # False when a filter the store cannot apply looked at the newest runs only.
             "searched_all": complete,
             "searched_newest": None if complete else reads.SCAN_LIMIT,
+            # Archived runs whose payloads a payload filter did not search (never silent).
+            "archived_not_searched": skipped,
             "runs": rows,
             "verdicts": list(VERDICTS),
             "kinds": list(BOUNDARY_KINDS),

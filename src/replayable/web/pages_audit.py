@@ -263,6 +263,7 @@ def register(both: Deco, page: Deco, api: Deco, out: Callable[..., Response]) ->
         meta: Annotated[list[str] | None, Query()] = None,
         where: Annotated[list[str] | None, Query()] = None,
         download: bool = False,
+        archived: bool = False,
     ) -> Response:
         """The report of an impact query: the runs whose events match, and with
         ``download`` a zip of each run's report in JSON, Markdown and HTML."""
@@ -276,8 +277,10 @@ def register(both: Deco, page: Deco, api: Deco, out: Callable[..., Response]) ->
             meta=[m for m in meta or () if m],
             where=[w for w in where or () if w],
             limit=200,
+            include_archived=archived,
         )
-        hits = [h for h in ctx.store.search(q).hits if ctx.sees(h.run)] if given else []
+        found = ctx.store.search(q) if given else None
+        hits = [h for h in found.hits if ctx.sees(h.run)] if found is not None else []
         if download:
             reader = ctx.reader()
             buffer = io.BytesIO()
@@ -304,6 +307,8 @@ def register(both: Deco, page: Deco, api: Deco, out: Callable[..., Response]) ->
                 "meta": meta or [],
                 "where": where or [],
             },
+            # Archived runs whose payloads the query did not search (never silent).
+            "archived_not_searched": found.archived_skipped if found is not None else 0,
             "runs": [
                 {
                     **views.run_summary(h.run),

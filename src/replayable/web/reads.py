@@ -70,6 +70,9 @@ class RunQuery:
     sort: str = "-started"
     page: int = 1
     per: int = 50
+    #: Search the payloads of archived runs whose hot copies were dropped too (fetched
+    #: from the archive); without it such runs are left out and counted.
+    archived: bool = False
 
     def __post_init__(self) -> None:
         if self.sort not in _SORTS:
@@ -103,6 +106,8 @@ class RunQuery:
             out.append(("sort", self.sort))
         if self.per != 50:
             out.append(("per", str(self.per)))
+        if self.archived:
+            out.append(("archived", "true"))
         return out
 
 
@@ -119,12 +124,13 @@ def _sort_key(sort: str) -> Any:
 
 def list_runs(
     reader: AuditReader, q: RunQuery, tenant: str | None
-) -> tuple[list[Run], dict[str, list[Event]], bool, bool]:
+) -> tuple[list[Run], dict[str, list[Event]], bool, bool, int]:
     """One page of runs matching ``q`` (``tenant``: the only tenant the user may see),
-    the matching steps of each (event-level filters), whether a next page exists, and
+    the matching steps of each (event-level filters), whether a next page exists,
     whether every run was searched: filters and sorts the store cannot apply (tenant,
     anomaly rule, verdict, sort) look at the newest :data:`SCAN_LIMIT` runs only, and
-    the page says so when more runs were left unread."""
+    the page says so when more runs were left unread; and how many archived runs'
+    payloads a payload filter did not search (``SearchPage.archived_skipped``)."""
     from replayable.cli._options import parse_meta, parse_status, parse_when
 
     store = reader.store
@@ -132,6 +138,7 @@ def list_runs(
     post = want_tenant is not None or q.rule or q.verdict or q.sort != "-started"
     offset = (q.page - 1) * q.per
     steps: dict[str, list[Event]] = {}
+    archived_skipped = 0
     if q.event_level:
         eq = build_query(
             workflow=q.workflow,
@@ -143,8 +150,10 @@ def list_runs(
             where=list(q.where),
             limit=SCAN_LIMIT if post else q.per + 1,
             offset=0 if post else offset,
+            include_archived=q.archived,
         )
         page = store.search(eq)
+        archived_skipped = page.archived_skipped
         complete = not post or page.next_offset is None
         runs = [h.run for h in page.hits]
         steps = {h.run_id: h.events for h in page.hits}
@@ -184,7 +193,7 @@ def list_runs(
         runs.sort(key=_sort_key(q.sort), reverse=q.sort.startswith("-") or q.sort == "duration")
         runs = runs[offset:]
     more = len(runs) > q.per
-    return runs[: q.per], steps, more, complete
+    return runs[: q.per], steps, more, complete, archived_skipped
 
 
 def _with_verdict(reader: AuditReader, runs: Sequence[Run], verdict: str) -> list[Run]:
