@@ -74,7 +74,7 @@ def start_of(run_id: str, **kwargs: Any) -> Any:
 
 
 def compact(url: str, **kwargs: Any) -> Any:
-    return Compactor(url, **kwargs).run(until_idle=0.5, max_seconds=30)
+    return Compactor(url, **kwargs).run(until_idle=0.2, max_seconds=30)
 
 
 def messages(store: StreamStore) -> list[tuple[str, str | None, str, Any]]:

@@ -71,6 +71,8 @@ class CompactorReport:
     in_flight: int = 0
     #: When the oldest record this compactor holds unacknowledged was published.
     oldest_in_flight: float | None = None
+    #: When the first batch arrived, and when the last was committed.
+    first_batch_at: float | None = None
     last_commit_at: float | None = None
     last_error: str | None = None
     reported_at: float = 0.0
@@ -154,22 +156,52 @@ class Compactor:
         await self._connect()
         t0 = time.monotonic()
         idle_since = time.monotonic()
+        wait = 1.0 if until_idle is None else min(1.0, until_idle)
+        # The next batch is fetched while the sink writes this one.
+        fetching: asyncio.Task[list[Any]] | None = asyncio.ensure_future(
+            self._sub.pull(self.batch, wait)
+        )
+        # The batch before, being written to the sink and then acknowledged.
+        writing: asyncio.Future[None] | None = None
         try:
             while True:
-                if stop is not None and stop():
+                assert fetching is not None
+                msgs = await fetching
+                fetching = None
+                if (stop is not None and stop()) or (
+                    max_seconds is not None and time.monotonic() - t0 > max_seconds
+                ):
+                    await self._sub.nak(msgs, 0.0)  # to another compactor at once
                     break
-                if max_seconds is not None and time.monotonic() - t0 > max_seconds:
-                    break
-                done = await self.step(1.0 if until_idle is None else min(1.0, until_idle))
+                if msgs:
+                    fetching = asyncio.ensure_future(self._sub.pull(self.batch, 0.0))
+                    batch = await self._prepare(msgs)
+                    if writing is not None:
+                        await writing
+                    writing = asyncio.ensure_future(self._settle(batch))
+                    idle_since = time.monotonic()
+                elif writing is not None:
+                    await writing
+                    writing = None
                 now = time.monotonic()
-                if done:
-                    idle_since = now
-                elif until_idle is not None and now - idle_since >= until_idle:
+                if not msgs and until_idle is not None and now - idle_since >= until_idle:
                     break
-                if self.archive and (not done or now - self._last_archive > self.archive_every):
+                if self.archive and (not msgs or now - self._last_archive > self.archive_every):
                     await self._archive_now()
                 await self._maybe_report()
+                if fetching is None:
+                    fetching = asyncio.ensure_future(self._sub.pull(self.batch, wait))
         finally:
+            if writing is not None:
+                try:
+                    await writing
+                except Exception:
+                    log.exception("replayable: compactor: the last batch failed")
+            if fetching is not None:
+                try:
+                    await self._sub.nak(await fetching, 0.0)
+                except Exception:
+                    pass
             await self._maybe_report(force=True, final=True)
             await self._close()
         return self.report
@@ -183,12 +215,11 @@ class Compactor:
         self._js = self._nc.jetstream(timeout=cfg.timeout)
         # Made by whichever compactor comes first; the same config makes no change.
         await ensure_stream(self._js, cfg)
-        self._sub = await self._js.pull_subscribe(
-            f"{cfg.prefix}.>",
-            durable=self.consumer,
-            stream=cfg.stream,
-            config=ConsumerConfig(
+        await self._js.add_consumer(
+            cfg.stream,
+            ConsumerConfig(
                 durable_name=self.consumer,
+                filter_subject=f"{cfg.prefix}.>",
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.ALL,
                 ack_wait=self.ack_wait,
@@ -196,6 +227,22 @@ class Compactor:
                 max_deliver=-1,
             ),
         )
+        # Deliveries and acks on a connection of their own: a lean reader of the NATS
+        # protocol where the server asks for no TLS and no login, else nats-py's with
+        # only the status line of each message read.
+        host, _, port = cfg.server.removeprefix("nats://").rpartition(":")
+        puller: _RawPuller | _Puller = _RawPuller(
+            host, int(port), cfg.stream, self.consumer, cfg.timeout
+        )
+        try:
+            await puller.start()
+        except _NeedsClient:
+            data = await nats.connect(cfg.server, connect_timeout=2, name="replayable-compactor")
+            if hasattr(data, "_process_headers"):
+                data._process_headers = _status_only  # type: ignore[method-assign]
+            puller = _Puller(data, cfg.stream, self.consumer, cfg.timeout)
+            await puller.start()
+        self._sub = puller
         try:
             self._kv = await self._js.create_key_value(
                 bucket=bucket_name(cfg.stream), ttl=30, history=1
@@ -204,6 +251,12 @@ class Compactor:
             log.warning("replayable: compactor status bucket unavailable: %s", exc)
 
     async def _close(self) -> None:
+        if self._sub is not None:
+            try:
+                await asyncio.wait_for(self._sub.close(), 5)
+            except Exception:
+                pass
+            self._sub = None
         if self._nc is not None:
             try:
                 await asyncio.wait_for(self._nc.close(), 5)
@@ -211,43 +264,14 @@ class Compactor:
                 pass
             self._nc = None
 
-    async def step(self, wait: float = 1.0) -> int:
-        """Fetch one batch (waiting at most ``wait`` seconds for one) and compact it; how
-        many messages it settled (0: none came)."""
-        from nats.errors import TimeoutError as NatsTimeout
-
-        try:
-            msgs = await self._sub.fetch(self.batch, timeout=wait)
-        except (TimeoutError, NatsTimeout):
-            return 0
-        if not msgs:
-            return 0
-        self.report.in_flight = len(msgs)
-        self.report.oldest_in_flight = min(
-            (m.metadata.timestamp.timestamp() for m in msgs if m.metadata.timestamp),
-            default=None,
-        )
-        try:
-            await self._compact(msgs)
-        except StoreError as exc:
-            # The sink is down or refused: nothing is acknowledged, so the messages
-            # come again after the ack wait (or at once, handed back now).
-            self.report.last_error = f"{type(exc).__name__}: {exc}"
-            log.warning("replayable: compactor: %s", exc)
-            await asyncio.gather(*(m.nak(delay=1.0) for m in msgs), return_exceptions=True)
-            await asyncio.sleep(1.0)
-            return len(msgs)
-        finally:
-            self.report.in_flight = 0
-            self.report.oldest_in_flight = None
+    async def step(self, msgs: list[Any]) -> int:
+        """Compact one fetched batch; how many messages it settled."""
+        await self._settle(await self._prepare(msgs))
         return len(msgs)
 
-    async def _compact(self, msgs: Sequence[Any]) -> None:
-        starts: list[tuple[Any, RunStart]] = []
-        events: list[tuple[Any, Event]] = []
-        ends: list[tuple[Any, RunEnd]] = []
-        blobs: list[tuple[Any, tuple[str, bytes]]] = []
-        settle: list[Any] = []
+    async def _prepare(self, msgs: list[Any]) -> _Batch:
+        """Decode a fetched batch (while the sink may still write the one before)."""
+        batch = _Batch(msgs)
         for msg in msgs:
             try:
                 kind, record = decode(msg.data)
@@ -256,52 +280,87 @@ class Compactor:
                 # taken off the queue (it can never be stored).
                 log.error(
                     "replayable: compactor: stream %s message %s on %s is refused: %s",
-                    self.config.stream, msg.metadata.sequence.stream, msg.subject, exc,
+                    self.config.stream, _stream_seq(msg.reply), _text(msg.subject), exc,
                 )  # fmt: skip
                 self.report.rejected += 1
-                await msg.term()
+                await self._sub.term([msg])
                 continue
-            if kind == "s":
-                starts.append((msg, record))
-            elif kind == "e":
-                events.append((msg, record))
+            if kind == "e":
+                batch.events.append((msg, record))
+            elif kind == "s":
+                batch.starts.append((msg, record))
             elif kind == "x":
-                ends.append((msg, record))
+                batch.ends.append((msg, record))
             else:
-                blobs.append((msg, record))
+                batch.blobs.append((msg, record))
+        return batch
+
+    async def _settle(self, batch: _Batch) -> None:
+        """Write a decoded batch to the sink, then acknowledge it; one at a time, in order."""
+        msgs = batch.msgs
+        if self.report.first_batch_at is None:
+            self.report.first_batch_at = time.time()
+        self.report.in_flight = len(msgs)
+        # In stream order: the first is the oldest.
+        self.report.oldest_in_flight = _published_at(msgs[0].reply) if msgs else None
+        try:
+            written, deferred = await asyncio.to_thread(self._store, batch)
+        except Exception as exc:
+            # The sink is down or refused: nothing is acknowledged; the messages are
+            # handed back to come again (to this compactor or another) in a second.
+            # A batch the sink refuses for good comes back too, its error in `status`.
+            self.report.last_error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, StoreError):
+                log.warning("replayable: compactor: %s", exc)
+            else:
+                log.exception("replayable: compactor: the sink refused a batch")
+            await self._sub.nak(msgs, 1.0)
+            await asyncio.sleep(1.0)
+            return
+        finally:
+            self.report.in_flight = 0
+            self.report.oldest_in_flight = None
+        later = {id(m) for m in deferred}
+        settle = [m for m, _ in (*batch.blobs, *batch.starts, *batch.events, *batch.ends)]
+        settle = [m for m in settle if id(m) not in later]
+        await self._sub.ack(settle)
+        if deferred:
+            self.report.deferred += len(deferred)
+            await self._sub.nak(deferred, RETRY_DELAY_S)
+        # The acks reached the server before the batch counts as done.
+        await self._sub.flush()
+        self.report.batches += 1
+        self.report.records += written
+        self.report.skipped += len(settle) - written - len(batch.blobs)
+        self.report.last_commit_at = time.time()
+        self.report.last_error = None
+
+    def _store(self, batch: _Batch) -> tuple[int, list[Any]]:
+        """On the sink's thread: hold back what waits for its run's start, write the rest;
+        (records written, messages to hand back)."""
+        starts, events, ends = batch.starts, batch.events, batch.ends
         # Runs the sink must hold a start for before their events and ends go in.
         batch_starts = {s.run_id for _, s in starts}
         needed = {e.run_id for _, e in events} | {x.run_id for _, x in ends}
         needed -= batch_starts | self._known
+        missing: set[str] = set()
         if needed:
-            found = await asyncio.to_thread(self._started, needed)
+            found = self._started(needed)
             self._remember(found)
             missing = needed - found
-        else:
-            missing = set()
         deferred = [m for m, e in events if e.run_id in missing]
         deferred += [m for m, x in ends if x.run_id in missing]
-        events = [(m, r) for m, r in events if r.run_id not in missing]
-        ends = [(m, r) for m, r in ends if r.run_id not in missing]
-        written = await asyncio.to_thread(
-            self._write,
-            [b for _, b in blobs],
+        if missing:
+            events = [(m, r) for m, r in events if r.run_id not in missing]
+            ends = [(m, r) for m, r in ends if r.run_id not in missing]
+        written = self._write(
+            [b for _, b in batch.blobs],
             [s for _, s in starts],
             [e for _, e in events],
             [x for _, x in ends],
         )
         self._remember(batch_starts)
-        settle = [m for m, _ in (*blobs, *starts, *events, *ends)]
-        await asyncio.gather(*(m.ack() for m in settle))
-        if deferred:
-            self.report.deferred += len(deferred)
-            await asyncio.gather(*(m.nak(delay=RETRY_DELAY_S) for m in deferred))
-        await self._nc.flush(timeout=self.config.timeout)
-        self.report.batches += 1
-        self.report.records += written
-        self.report.skipped += len(settle) - written - len(blobs)
-        self.report.last_commit_at = time.time()
-        self.report.last_error = None
+        return written, deferred
 
     def _remember(self, run_ids: set[str]) -> None:
         if len(self._known) + len(run_ids) > _KNOWN_CAP:
@@ -415,6 +474,312 @@ class Compactor:
                 await self._kv.put(_key(self.report.name), orjson.dumps(asdict(self.report)))
         except Exception as exc:
             log.debug("replayable: compactor status not reported: %s", exc)
+
+
+class _Puller:
+    """Pull requests of one durable consumer, answered on an inbox of this connection.
+
+    nats-py's ``fetch`` waits for each message with a timer of its own and acks
+    with a coroutine per message; here a batch arrives through one subscription
+    callback and is acknowledged in one write of ``PUB`` frames.
+    """
+
+    def __init__(self, nc: Any, stream: str, consumer: str, timeout: float) -> None:
+        self.nc = nc
+        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.prefix = f"{nc.new_inbox()}." if nc is not None else ""
+        self.timeout = timeout
+        self.got: list[Any] = []
+        self.want = 0
+        self.current = ""
+        self.answered = asyncio.Event()
+        self._n = 0
+
+    async def start(self) -> None:
+        await self.nc.subscribe(self.prefix + "*", cb=self._on)
+
+    async def _on(self, msg: Any) -> None:
+        if msg.reply:  # a delivery (perhaps of an earlier request: still ours to settle)
+            self.got.append(msg)
+            if len(self.got) >= self.want:
+                self.answered.set()
+        elif msg.subject == self.current:  # a status: no more for this request
+            self.answered.set()
+
+    async def pull(self, n: int, wait: float) -> list[Any]:
+        """Up to ``n`` messages: what is there now, else the first to come within ``wait``
+        seconds and what is there with it."""
+        taken = await self._request(n, None)
+        if not taken and wait > 0:
+            taken = await self._request(1, wait)
+            if taken:
+                taken += await self._request(n - len(taken), None)
+        return taken
+
+    async def _request(self, n: int, wait: float | None) -> list[Any]:
+        if n <= 0:
+            return []
+        self._n += 1
+        self.current = f"{self.prefix}{self._n}"
+        self.want = n
+        self.answered.clear()
+        body: dict[str, Any] = {"batch": n - len(self.got)}
+        if wait is None:
+            body["no_wait"] = True
+        else:
+            body["expires"] = int(wait * 1e9)
+        if body["batch"] > 0:
+            await self.nc.publish(self.subject, orjson.dumps(body), reply=self.current)
+            try:
+                await asyncio.wait_for(self.answered.wait(), (wait or 0.0) + self.timeout)
+            except TimeoutError:
+                pass
+        taken, self.got = self.got, []
+        return taken
+
+    async def _reply(self, msgs: Sequence[Any], body: bytes) -> None:
+        if not msgs:
+            return
+        frame = b" %d\r\n%s\r\n" % (len(body), body)
+        send = getattr(self.nc, "_send_command", None)
+        if send is None:
+            for m in msgs:
+                await self.nc.publish(m.reply, body)
+            return
+        await send(b"".join(b"PUB " + m.reply.encode() + frame for m in msgs))
+        await self.nc._flush_pending()
+
+    async def ack(self, msgs: Sequence[Any]) -> None:
+        await self._reply(msgs, b"+ACK")
+
+    async def nak(self, msgs: Sequence[Any], delay: float) -> None:
+        body = b"-NAK" if delay <= 0 else b'-NAK {"delay": %d}' % int(delay * 1e9)
+        await self._reply(msgs, body)
+
+    async def term(self, msgs: Sequence[Any]) -> None:
+        await self._reply(msgs, b"+TERM")
+
+    async def flush(self) -> None:
+        await self.nc.flush(timeout=self.timeout)
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+
+class _NeedsClient(Exception):
+    """The server asks for TLS or a login: the full client is used."""
+
+
+class _Delivery:
+    __slots__ = ("data", "reply", "subject")
+
+    def __init__(self, subject: bytes, reply: bytes, data: bytes) -> None:
+        self.subject = subject
+        self.reply = reply
+        self.data = data
+
+
+class _RawPuller(_Puller):
+    """:class:`_Puller` over a plain NATS protocol connection of its own: frames are cut
+    from the socket's bytes with ``find`` (a few microseconds a message, where nats-py's
+    parser, message objects and queues took tens)."""
+
+    def __init__(self, host: str, port: int, stream: str, consumer: str, timeout: float) -> None:
+        import nats.nuid
+
+        super().__init__(None, stream, consumer, timeout)
+        self.host, self.port = host or "127.0.0.1", port
+        self.prefix = f"_INBOX.{nats.nuid.NUID().next().decode()}."
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._pongs: list[asyncio.Future[None]] = []
+        self.broken: BaseException | None = None
+
+    async def start(self) -> None:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port), self.timeout
+        )
+        line = await asyncio.wait_for(reader.readline(), self.timeout)
+        info = orjson.loads(line[5:]) if line.startswith(b"INFO ") else {}
+        if info.get("tls_required") or info.get("auth_required") or not info.get("headers"):
+            writer.close()
+            raise _NeedsClient
+        connect = orjson.dumps(
+            {"verbose": False, "pedantic": False, "headers": True, "no_responders": True,
+             "protocol": 1, "lang": "python", "name": "replayable-compactor"}
+        )  # fmt: skip
+        self._writer = writer
+        self._reading = asyncio.ensure_future(self._read(reader))
+        writer.write(b"CONNECT %s\r\nSUB %s* 1\r\n" % (connect, self.prefix.encode()))
+        await self.flush()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        buf = b""
+        try:
+            while True:
+                chunk = await reader.read(1 << 20)
+                if not chunk:
+                    raise ConnectionError("the NATS server closed the connection")
+                buf = self._frames(buf + chunk if buf else chunk)
+        except (ConnectionError, OSError, ValueError) as exc:
+            self.broken = exc
+        finally:
+            self.answered.set()
+            for pong in self._pongs:
+                if not pong.done():
+                    pong.set_exception(ConnectionError(f"NATS connection lost: {self.broken}"))
+
+    def _frames(self, buf: bytes) -> bytes:
+        """Handle every whole frame in ``buf``; what is left of an incomplete one."""
+        pos = 0
+        find = buf.find
+        while True:
+            end = find(b"\r\n", pos)
+            if end < 0:
+                return buf[pos:]
+            op = buf[pos : pos + 4]
+            if op == b"MSG " or op == b"HMSG":
+                parts = buf[pos:end].split(b" ")
+                total = int(parts[-1])
+                headers = int(parts[-2]) if op == b"HMSG" else 0
+                body = end + 2
+                if len(buf) < body + total + 2:
+                    return buf[pos:]
+                reply = parts[3] if len(parts) == (6 if op == b"HMSG" else 5) else b""
+                self._on_frame(parts[1], reply, buf[body + headers : body + total])
+                pos = body + total + 2
+                continue
+            if op == b"PING":
+                assert self._writer is not None
+                self._writer.write(b"PONG\r\n")
+            elif op == b"PONG":
+                if self._pongs:
+                    pong = self._pongs.pop(0)
+                    if not pong.done():
+                        pong.set_result(None)
+            elif op == b"-ERR":
+                log.warning("replayable: compactor: NATS said %s", buf[pos:end].decode())
+            pos = end + 2
+
+    def _on_frame(self, subject: bytes, reply: bytes, data: bytes) -> None:
+        if reply:  # a delivery (subject and reply stay bytes: the ack is written back)
+            self.got.append(_Delivery(subject, reply, data))
+            if len(self.got) >= self.want:
+                self.answered.set()
+        elif subject.decode() == self.current:  # a status: no more for this request
+            self.answered.set()
+
+    def _send(self, data: bytes) -> None:
+        if self.broken is not None or self._writer is None:
+            raise ConnectionError(f"NATS connection lost: {self.broken}")
+        self._writer.write(data)
+
+    async def _request(self, n: int, wait: float | None) -> list[Any]:
+        if n <= 0:
+            return []
+        self._n += 1
+        self.current = f"{self.prefix}{self._n}"
+        self.want = n
+        self.answered.clear()
+        batch = n - len(self.got)
+        if batch > 0:
+            body = (
+                b'{"batch":%d,"no_wait":true}' % batch
+                if wait is None
+                else b'{"batch":%d,"expires":%d}' % (batch, int(wait * 1e9))
+            )
+            self._send(
+                b"PUB %s %s %d\r\n%s\r\n"
+                % (self.subject.encode(), self.current.encode(), len(body), body)
+            )
+            try:
+                await asyncio.wait_for(self.answered.wait(), (wait or 0.0) + self.timeout)
+            except TimeoutError:
+                pass
+            if self.broken is not None:
+                raise ConnectionError(f"NATS connection lost: {self.broken}")
+        taken, self.got = self.got, []
+        return taken
+
+    async def _reply(self, msgs: Sequence[Any], body: bytes) -> None:
+        if msgs:
+            frame = b" %d\r\n%s\r\n" % (len(body), body)
+            self._send(b"".join(b"PUB " + m.reply + frame for m in msgs))
+
+    async def flush(self) -> None:
+        pong: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pongs.append(pong)
+        self._send(b"PING\r\n")
+        assert self._writer is not None
+        await self._writer.drain()
+        await asyncio.wait_for(pong, self.timeout)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            try:
+                await self._writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass
+        if self._reading is not None:
+            self._reading.cancel()
+            try:
+                await self._reading
+            except (asyncio.CancelledError, Exception):
+                pass
+
+
+async def _status_only(headers: bytes | None) -> dict[str, str] | None:
+    """A message's headers as far as the compactor reads them: the status of a control
+    message (``NATS/1.0 404 No Messages``), nothing of a record's."""
+    if not headers:
+        return None
+    line = headers[: headers.find(b"\r\n")]
+    parts = line.split(b" ", 2)
+    if len(parts) >= 2 and parts[1]:
+        found = {"Status": parts[1].decode("ascii", "replace")}
+        if len(parts) == 3:
+            found["Description"] = parts[2].decode("utf-8", "replace")
+        return found
+    return None
+
+
+def _ack_tokens(reply: str | bytes) -> list[str]:
+    """The tokens of a JetStream ack subject, in the older layout
+    (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>``)
+    whichever the server sent (the newer one adds a domain and an account hash)."""
+    text = reply.decode("ascii", "replace") if isinstance(reply, bytes) else reply
+    tokens = text.split(".")
+    return tokens if len(tokens) == 9 else ["$JS", "ACK", *tokens[4:11]]
+
+
+def _published_at(reply: str | bytes | None) -> float | None:
+    try:
+        return int(_ack_tokens(reply or "")[7]) / 1e9
+    except (IndexError, ValueError):
+        return None
+
+
+def _stream_seq(reply: str | bytes | None) -> str:
+    tokens = _ack_tokens(reply or "")
+    return tokens[5] if len(tokens) > 5 else "?"
+
+
+class _Batch:
+    """One fetched batch, decoded: each record with the message it came in."""
+
+    __slots__ = ("blobs", "ends", "events", "msgs", "starts")
+
+    def __init__(self, msgs: list[Any]) -> None:
+        self.msgs = msgs
+        self.starts: list[tuple[Any, RunStart]] = []
+        self.events: list[tuple[Any, Event]] = []
+        self.ends: list[tuple[Any, RunEnd]] = []
+        self.blobs: list[tuple[Any, tuple[str, bytes]]] = []
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _key(name: str) -> str:

@@ -15,6 +15,8 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import orjson
+
 from replayable.errors import ConfigurationError, StoreError, StoreUnavailableError
 
 __all__ = ["StreamClient", "StreamConfig", "ensure_stream"]
@@ -52,6 +54,10 @@ class StreamClient:
         self._made = False
         self._closed = False
         self._dropping: list[concurrent.futures.Future[None]] = []
+        # The ack inbox of the current connection (see ``publish``).
+        self._acks: dict[str, asyncio.Future[bytes]] | None = None
+        self._ack_prefix = ""
+        self._next_token = 0
 
     # -- calls from other threads ------------------------------------------------
 
@@ -92,6 +98,7 @@ class StreamClient:
     def drop(self) -> None:
         """Close the connection (from any thread); the next call connects again."""
         nc, self._nc, self._js = self._nc, None, None
+        self._acks = None
         if nc is not None and not self._closed:
             self._dropping.append(asyncio.run_coroutine_threadsafe(_quiet_close(nc), self._loop))
 
@@ -122,6 +129,7 @@ class StreamClient:
 
         if self._nc is not None:
             await _quiet_close(self._nc)
+        self._acks = None
         cfg = self.config
         self._nc = await nats.connect(
             cfg.server,
@@ -138,7 +146,67 @@ class StreamClient:
         return js
 
     async def publish(self, messages: Sequence[tuple[str, str, bytes]]) -> None:
-        """Publish ``(subject, message id, body)`` each and wait for every ack."""
+        """Publish ``(subject, message id, body)`` each and wait for every ack.
+
+        The whole batch goes out as one write of ``HPUB`` frames, each with its message
+        id and the expected stream, replies coming to one inbox of this connection: a
+        tenth of the client's work per message of nats-py's ``publish_async`` (which
+        takes a semaphore, a task and a header dict per message), the same bytes on
+        the wire.
+        """
+        await self.js()
+        nc = self._nc
+        send = getattr(nc, "_send_command", None)
+        if send is None:  # a client without the frame writer: its own publish_async
+            await self._publish_each(messages)
+            return
+        if self._acks is None:
+            await self._ack_inbox()
+        acks = self._acks
+        assert acks is not None
+        loop = asyncio.get_running_loop()
+        prefix = self._ack_prefix
+        tail = f"Nats-Expected-Stream: {self.config.stream}\r\n\r\n"
+        frames: list[bytes] = []
+        futures: list[asyncio.Future[bytes]] = []
+        base = self._next_token
+        self._next_token += len(messages)
+        for i, (subject, mid, body) in enumerate(messages):
+            token = str(base + i)
+            future: asyncio.Future[bytes] = loop.create_future()
+            acks[token] = future
+            futures.append(future)
+            head = f"NATS/1.0\r\nNats-Msg-Id: {mid}\r\n{tail}".encode()
+            frames.append(
+                f"HPUB {subject} {prefix}{token} {len(head)} {len(head) + len(body)}\r\n".encode()
+                + head
+                + body
+                + b"\r\n"
+            )
+        try:
+            await send(b"".join(frames))
+            await nc._flush_pending()
+            replies = await asyncio.gather(*futures)
+        finally:
+            for i in range(len(messages)):
+                acks.pop(str(base + i), None)
+        for reply in replies:
+            _check_ack(reply, self.config.stream)
+
+    async def _ack_inbox(self) -> None:
+        nc = self._nc
+        self._ack_prefix = f"{nc.new_inbox()}."
+        self._acks = {}
+        acks = self._acks
+
+        async def on_ack(msg: Any) -> None:
+            future = acks.pop(msg.subject[len(self._ack_prefix) :], None)
+            if future is not None and not future.done():
+                future.set_result(msg.data or b"")
+
+        await nc.subscribe(self._ack_prefix + "*", cb=on_ack)
+
+    async def _publish_each(self, messages: Sequence[tuple[str, str, bytes]]) -> None:
         js = await self.js()
         stream = self.config.stream
         futures = [
@@ -202,6 +270,26 @@ async def ensure_stream(js: Any, cfg: StreamConfig) -> None:
             f"stream {cfg.stream} on {cfg.server} takes {info.config.subjects}, not "
             f"{cfg.prefix}.>; name another stream or subject prefix"
         )
+
+
+def _check_ack(reply: bytes, stream: str) -> None:
+    """Raise what a JetStream publish ack says went wrong (nothing for a stored message)."""
+    try:
+        ack = orjson.loads(reply) if reply else None
+    except orjson.JSONDecodeError:
+        ack = None
+    if not isinstance(ack, dict):
+        # No responders (an empty reply with a status header): the stream is gone.
+        raise StoreUnavailableError(f"stream {stream} did not acknowledge a record")
+    error = ack.get("error")
+    if error is not None:
+        code = error.get("code") if isinstance(error, dict) else None
+        text = f"stream {stream} refused a record: {error}"
+        if isinstance(code, int) and code == 503:
+            raise StoreUnavailableError(text)
+        raise StoreError(text)
+    if ack.get("stream") != stream:
+        raise StoreError(f"a record went to stream {ack.get('stream')}, not {stream}")
 
 
 async def _quiet_close(nc: Any) -> None:

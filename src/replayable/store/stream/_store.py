@@ -254,9 +254,15 @@ class StreamStore(EventStore):
             self._remember(s.run_id, subject)
             messages.append((subject, message_id("s", s), encode("s", s)))
         subjects = self._subjects
+        # Message ids travel in a header line: a run id is taken as a subject token is
+        # (an id holding a line break could otherwise write frames of its own).
+        ids: dict[str, str] = {}
         for e in events:
             subject = subjects.get(e.run_id) or self._subject(e.run_id)
-            messages.append((subject, f"{e.run_id}:{e.seq}", encode("e", e)))
+            rid = ids.get(e.run_id)
+            if rid is None:
+                rid = ids[e.run_id] = token(e.run_id)
+            messages.append((subject, f"{rid}:{e.seq}", encode("e", e)))
         for x in ends:
             messages.append((self._subject(x.run_id), message_id("x", x), encode("x", x)))
         self.client.run(self.client.publish(messages), f"publishing {len(messages)} record(s)")
@@ -288,9 +294,20 @@ class StreamStore(EventStore):
         """The run's records still in the stream; a record that does not decode is
         reported (logged) and left out, as a reader does with a bad row."""
         found = Pending()
+        subjects = run_filter(self.prefix, run_id)
         try:
+            waiting = sum(
+                self.client.run(
+                    self.client.subject_counts(subjects), "reading a run's subjects"
+                ).values()
+            )
+            if not waiting:
+                return found
+            # One round trip per record: a long backlog of one run takes its time.
             messages = self.client.run(
-                self.client.read(run_filter(self.prefix, run_id)), "reading a run's records"
+                self.client.read(subjects),
+                "reading a run's records",
+                timeout=self.config.timeout + waiting * 0.002,
             )
         except StoreError as exc:
             raise type(exc)(

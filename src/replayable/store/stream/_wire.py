@@ -63,13 +63,14 @@ def run_filter(prefix: str, run_id: str) -> str:
 
 
 def message_id(kind: str, record: Any) -> str:
+    """The record's key, of subject-token characters only (it goes in a header line)."""
     if kind == "e":
-        return f"{record.run_id}:{record.seq}"
+        return f"{token(record.run_id)}:{record.seq}"
     if kind == "s":
-        return f"{record.run_id}:s"
+        return f"{token(record.run_id)}:s"
     if kind == "x":
-        return f"{record.run_id}:x"
-    return f"b:{record[0]}"
+        return f"{token(record.run_id)}:x"
+    return f"b:{token(record[0])}"
 
 
 def encode(kind: str, record: Any) -> bytes:
