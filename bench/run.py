@@ -32,6 +32,7 @@ import bench_ingest
 import bench_modes
 import bench_postgres
 import bench_replay
+import bench_stream
 import bench_tiers
 import bench_web
 from harness import Config, Section, format_section, payload_1kb
@@ -52,6 +53,8 @@ BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "web": bench_web.run,
     "fixtures": bench_fixtures.run,
     "tiers": bench_tiers.run,
+    # Needs NATS and PostgreSQL; its compactor processes finish before it returns.
+    "stream": bench_stream.run,
     # Last: it drives a server process whose background work would otherwise
     # land on the benchmarks that follow it.
     "postgres": bench_postgres.run,
