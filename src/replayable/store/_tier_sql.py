@@ -8,15 +8,30 @@ provides :meth:`TierReads._tier_rows`.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from replayable.store.crypto import KeyRow, key_rows_for
-from replayable.store.payloads import BlobRow, TierStats, space
+from replayable.store.payloads import BlobRow, TierRows, TierStats, space, split_space
 
-__all__ = ["TierReads"]
+__all__ = ["TierReads", "blob_rows"]
 
 _KEYS = "SELECT tenant, subject, key_id, kek_id, wrapped, created_at FROM data_keys"
+
+
+_BY_DIGEST = operator.itemgetter(2)
+_BY_KEY = operator.itemgetter(0, 1, 2)
+
+
+def blob_rows(rows: TierRows) -> list[tuple[str, str, str, str, bytes, int]]:
+    """A batch's new blobs as (tenant, subject, digest, codec, data, size) rows, in key
+    order: each statement walks the key index once, forward."""
+    blobs = rows.blobs.values()
+    spaces = {t: split_space(t) for t in {b.tenant for b in blobs}}
+    out = [(*spaces[b.tenant], b.digest, b.codec, b.data, b.size) for b in blobs]
+    out.sort(key=_BY_DIGEST if len(spaces) == 1 else _BY_KEY)
+    return out
 
 
 class TierReads:

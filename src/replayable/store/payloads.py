@@ -422,11 +422,19 @@ class PayloadTier:
         """Put ``text``'s new pieces into ``rows``; returns its reference: the payload's
         sha256 (64 hex), then the head node's digest (32 hex) and the trailing literal
         unless the payload is a single blob (then the digest is the blob's)."""
-        pieces, tail = split_payload(text)
         pending = rows.pending
         known = self._known
+        if '"role"' not in text and not _has_long_string(text):
+            # Nothing to cut at (split_payload's first test, without its lists): one
+            # segment, the whole payload, and the reference is the blob's digest alone.
+            data = text.encode()
+            blob = hashlib.sha256(data).hexdigest()
+            key = (tenant, blob)
+            if key not in known._data and key not in pending and key not in rows.blobs:
+                pending[key] = data
+            return blob
+        pieces, tail = split_payload(text)
         if len(pieces) == 1 and pieces[0][1] is text:
-            # One segment, the whole payload: the reference is the blob's digest alone.
             data = text.encode()
             blob = hashlib.sha256(data).hexdigest()
             key = (tenant, blob)
@@ -490,7 +498,7 @@ class PayloadTier:
             self._pack(backend, rows)
             return _done
         # The compressors looked up here: their dictionary is read on this thread.
-        compressors = {t: self._compressor(backend, t) for t, _ in rows.pending}
+        compressors = {t: self._compressor(backend, t) for t in {t for t, _ in rows.pending}}
         failed: list[BaseException] = []
 
         def work() -> None:
@@ -520,32 +528,34 @@ class PayloadTier:
         pending = rows.pending
         if not pending:
             return
-        by_tenant: dict[str, list[tuple[str, bytes]]] = {}
+        by_tenant: dict[str, tuple[list[str], list[bytes | bytearray | memoryview[int]]]] = {}
         for (tenant, digest), data in pending.items():
             group = by_tenant.get(tenant)
             if group is None:
-                group = by_tenant[tenant] = []
-            group.append((digest, data))
+                group = by_tenant[tenant] = ([], [])
+            group[0].append(digest)
+            group[1].append(data)
         seal = self.seal
         blobs = rows.blobs
-        for tenant, items in by_tenant.items():
+        make = BlobRow._make
+        for tenant, (digests, datas) in by_tenant.items():
             found = compressors.get(tenant) if compressors is not None else None
             dict_id, compressor = found or self._compressor(backend, tenant)
-            datas: list[bytes | bytearray | memoryview[int]] = [data for _, data in items]
             with self._pack_lock:
                 if len(datas) >= _THREADED_BATCH:
                     done = compressor.multi_compress_to_buffer(datas, threads=-1)
                     packed = [done[i].tobytes() for i in range(len(done))]
                 else:
-                    packed = [compressor.compress(data) for _, data in items]
-            codec = codec_name(dict_id, None)
-            for (digest, data), out in zip(items, packed, strict=True):
-                if seal is None:
-                    blobs[(tenant, digest)] = BlobRow(tenant, digest, codec, out, len(data))
-                else:
+                    packed = list(map(compressor.compress, datas))
+            if seal is None:
+                codec = codec_name(dict_id, None)
+                for digest, raw, out in zip(digests, datas, packed, strict=True):
+                    blobs[(tenant, digest)] = make((tenant, digest, codec, out, len(raw)))
+            else:
+                for digest, raw, out in zip(digests, datas, packed, strict=True):
                     key_id, sealed = seal(tenant, out, digest)
                     blobs[(tenant, digest)] = BlobRow(
-                        tenant, digest, codec_name(dict_id, key_id), sealed, len(data)
+                        tenant, digest, codec_name(dict_id, key_id), sealed, len(raw)
                     )
         pending.clear()
 

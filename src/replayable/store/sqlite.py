@@ -25,7 +25,7 @@ from replayable.errors import (
 )
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._sqlite_audit import AUDIT_SCHEMA, AUDIT_TABLES, SQLiteAudit, upgrade_audit
-from replayable.store._tier_sql import TierReads
+from replayable.store._tier_sql import TierReads, blob_rows
 from replayable.store.base import EventStore, RunFilter, check_range, tag_value
 from replayable.store.cold import (
     ArchivedRun,
@@ -549,18 +549,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 # Left running if a statement fails: it only fills this batch's rows.
                 packed()
                 if tier_rows:
-                    spaces = {t: split_space(t) for t, _ in tier_rows.blobs}
-                    # In digest order: each statement walks the key index once, forward.
-                    _insert(
-                        c,
-                        _BLOBS_HEAD,
-                        6,
-                        [
-                            (*spaces[t], d, b[2], b[3], b[4])
-                            for (t, d), b in sorted(tier_rows.blobs.items())
-                        ],
-                        _SKIP_STORED,
-                    )
+                    _insert(c, _BLOBS_HEAD, 6, blob_rows(tier_rows), _SKIP_STORED)
                     _insert(
                         c,
                         _NODES_HEAD,

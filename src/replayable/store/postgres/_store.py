@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -17,7 +17,7 @@ import psycopg
 
 from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
 from replayable.events.model import Event, Run, RunEnd, RunStart
-from replayable.store._tier_sql import TierReads
+from replayable.store._tier_sql import TierReads, blob_rows
 from replayable.store.base import EventStore, RunFilter, check_range, tag_value
 from replayable.store.cold import (
     ArchivedRun,
@@ -103,6 +103,10 @@ DROPPED_EVENT = (
     "e.request_text = 'null' AND e.response_text IS NULL AND e.request_ref IS NULL "
     "AND e.response_ref IS NULL"
 )
+
+
+def _packed() -> None:
+    return None
 
 
 def _is_uuid(text: str | None) -> bool:
@@ -288,9 +292,12 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         tier_rows = TierRows()
         tier = self.tier
         split: list[tuple[Event, str | None, str | None]]
-        if any(tier.needs_tier(e.request) or tier.needs_tier(e.response) for e in events):
+        packed: Callable[[], None] = _packed
+        if tier.any_tiered(events):
             tenants = self._tier_tenants({e.run_id for e in events}, starts)
-            split = tier.split_events(self, events, tenants.__getitem__, tier_rows)
+            split = tier.split_events(self, events, tenants.__getitem__, tier_rows, pack=False)
+            # Compressed while this thread sends the event rows; the blobs follow them.
+            packed = tier.pack_in_background(self, tier_rows)
         else:
             split = [(e, None, None) for e in events]
         with self._write_lock:
@@ -305,14 +312,17 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
                         (self._batch_tenant(starts, events, ends), digest),
                     )
                     if cur.rowcount == 0:
+                        packed()
                         return
                     with conn.cursor() as c:
                         if run_rows:
                             c.executemany(_INSERT_RUN, run_rows)
-                        if tier_rows:
-                            self._insert_tier(c, tier_rows)
                         if events:
                             self._copy_events(conn, c, starts, split)
+                        # Left running if a statement fails: it only fills this batch's rows.
+                        packed()
+                        if tier_rows:
+                            self._insert_tier(c, tier_rows)
                         if ends:
                             c.executemany(_INSERT_END, [self._end_row(r) for r in ends])
             except psycopg.Error as exc:
@@ -502,27 +512,23 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         return found
 
     def _insert_tier(self, cur: psycopg.Cursor[tuple[Any, ...]], rows: TierRows) -> None:
+        # Arrays go in binary (%b): psycopg quotes each element of a text array with a
+        # regular expression and the server parses it back, which cost as much as
+        # five times the rest of writing a batch of small blobs.
         if rows.blobs:
-            blobs = list(rows.blobs.values())
+            blobs = blob_rows(rows)
             cur.execute(
-                "INSERT INTO payload_blobs (tenant, subject, digest, codec, size, data) "
-                "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], "
-                "%s::bytea[]) ON CONFLICT DO NOTHING",
-                (
-                    [split_space(b.tenant)[0] for b in blobs],
-                    [split_space(b.tenant)[1] for b in blobs],
-                    [b.digest for b in blobs],
-                    [b.codec for b in blobs],
-                    [b.size for b in blobs],
-                    [b.data for b in blobs],
-                ),
+                "INSERT INTO payload_blobs (tenant, subject, digest, codec, data, size) "
+                "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
+                "%b::bytea[], %b::int4[]) ON CONFLICT DO NOTHING",
+                [list(column) for column in zip(*blobs, strict=True)],
             )
         if rows.nodes:
             nodes = list(rows.nodes.values())
             cur.execute(
                 "INSERT INTO payload_nodes (tenant, subject, digest, parent, body) "
-                "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], "
-                "%s::text[]) ON CONFLICT DO NOTHING",
+                "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
+                "%b::text[]) ON CONFLICT DO NOTHING",
                 (
                     [split_space(n.tenant)[0] for n in nodes],
                     [split_space(n.tenant)[1] for n in nodes],
