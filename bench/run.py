@@ -25,6 +25,7 @@ import orjson
 
 import bench_audit
 import bench_capture
+import bench_duckdb
 import bench_durable
 import bench_fixtures
 import bench_http
@@ -55,6 +56,7 @@ BENCHMARKS: dict[str, Callable[[Config], Section]] = {
     "tiers": bench_tiers.run,
     # Needs NATS and PostgreSQL; its compactor processes finish before it returns.
     "stream": bench_stream.run,
+    "duckdb": bench_duckdb.run,
     # Last: it drives a server process whose background work would otherwise
     # land on the benchmarks that follow it.
     "postgres": bench_postgres.run,

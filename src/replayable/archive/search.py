@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 from replayable.archive.parquet import _partition
 from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
 from replayable.events.model import Event
-from replayable.store.cold import EVENT_FIELDS, ArchivedRun, ColdReader, filesystem
+from replayable.store.cold import EVENT_FIELDS, ArchivedRun, ColdReader, filesystem, runs_url
 from replayable.store.rows import event_from_row
 from replayable.store.search import (
     DUCKDB,
@@ -169,6 +169,9 @@ class ArchiveSearch:
                     "queries over the archive need duckdb: pip install 'replayable[archive]'"
                 ) from exc
             con = duckdb.connect(":memory:")
+            # Archive files do not change once written: a footer read by the scan is
+            # reused by the fetch of the hits' rows and by the next query.
+            con.execute("SET parquet_metadata_cache = true")
             if self._prefix:
                 con.register_filesystem(self.fs)
             self._con = con
@@ -192,56 +195,25 @@ class ArchiveSearch:
         if not tenants or any(isinstance(v, dict | list) for v in query.metadata.values()):
             return SearchPage([], query.offset, None)
         events = self._files("events", tenants, query.until)
-        runs = self._files("runs", tenants, query.until)
-        if not events or not runs:
+        if not events:
             return SearchPage([], query.offset, None)
-        from replayable.archive.parquet import run_tags
-
-        run_where = ["(" + " OR ".join(["r.tenant IS NOT DISTINCT FROM ?"] * len(tenants)) + ")"]
-        run_params: list[Any] = list(tenants)
-        if query.workflow is not None:
-            run_where.append("r.workflow = ?")
-            run_params.append(query.workflow)
-        tags = run_tags(dict(query.metadata))
-        if tags:
-            run_where.append("list_has_all(r.tags, ?::VARCHAR[])")
-            run_params.append(tags)
         cond = event_filter(query, DUCKDB)
-        # Parameters in the order their placeholders appear in the statement.
-        sql = (
-            f"WITH r AS (SELECT run_id, space, started_at FROM read_parquet(?{_OPTS}) r "
-            f"WHERE {' AND '.join(run_where)}), "
-            "m AS (SELECT e.run_id, any_value(e.filename) AS filename, "
-            f"bool_or(coalesce({cond.certain}, TRUE)) AS sure "
-            f"FROM read_parquet(?{_OPTS}, filename = true) e WHERE {cond.where} "
-            "GROUP BY e.run_id) "
-            "SELECT r.run_id, m.sure, m.filename, r.space FROM r JOIN m ON m.run_id = r.run_id "
-            "ORDER BY r.started_at DESC, r.run_id DESC LIMIT ?"
-        )
-        params = [runs, *run_params, *cond.certain_params, events, *cond.params]
+        ordered = self._ordered(query, cond, tenants, events)
         need = query.offset + query.limit + 1
+        where_of = {rid: (filename, space) for rid, _, filename, space in ordered}
         confirmed: list[str] = []
         checked: dict[str, list[Event]] = {}
-        where_of: dict[str, tuple[str, str]] = {}
-        limit = need
-        while True:
-            rows = self._sql(sql, [*params, limit])
-            where_of.update((rid, (filename, space)) for rid, _, filename, space in rows)
-            confirmed = []
-            todo = [rid for rid, sure, _, _ in rows if not sure and rid not in checked]
-            at = 0
-            for rid, sure, _, _ in rows:
-                if not sure and rid not in checked:
-                    batch = todo[at : at + _CHECK_BATCH]
-                    at += len(batch)
-                    checked.update(self._candidates(query, cond, batch, where_of))
-                if sure or checked.get(rid):
-                    confirmed.append(rid)
-                    if len(confirmed) == need:
-                        break
-            if len(confirmed) == need or len(rows) < limit:
-                break
-            limit *= 4
+        todo = [rid for rid, sure, _, _ in ordered if not sure]
+        at = 0
+        for rid, sure, _, _ in ordered:
+            if not sure and rid not in checked:
+                batch = todo[at : at + _CHECK_BATCH]
+                at += len(batch)
+                checked.update(self._candidates(query, cond, batch, where_of))
+            if sure or checked.get(rid):
+                confirmed.append(rid)
+                if len(confirmed) == need:
+                    break
         page_ids = confirmed[query.offset : query.offset + query.limit]
         more = len(confirmed) > query.offset + query.limit
         if not page_ids:
@@ -262,6 +234,44 @@ class ArchiveSearch:
             hits.append(SearchHit(run, matching[rid]))
         return SearchPage(hits, query.offset, query.offset + query.limit if more else None)
 
+    def _ordered(
+        self, query: EventQuery, cond: EventFilter, tenants: list[str | None], events: list[str]
+    ) -> list[tuple[str, bool, str, str]]:
+        """Every run with a candidate event and passing the run conditions, newest first:
+        (run id, whether a candidate surely matches, its events file, its key space).
+
+        The events are scanned first, on their filter columns only; then the runs files
+        of the parts holding candidates are read (a narrow query opens few of them)."""
+        from replayable.archive.parquet import run_tags
+
+        run_where = ["(" + " OR ".join(["r.tenant IS NOT DISTINCT FROM ?"] * len(tenants)) + ")"]
+        run_params: list[Any] = list(tenants)
+        if query.workflow is not None:
+            run_where.append("r.workflow = ?")
+            run_params.append(query.workflow)
+        tags = run_tags(dict(query.metadata))
+        if tags:
+            run_where.append("list_has_all(r.tags, ?::VARCHAR[])")
+            run_params.append(tags)
+        found = self._sql(
+            "SELECT e.run_id, any_value(e.filename), "
+            f"bool_or(coalesce({cond.certain}, TRUE)) "
+            f"FROM read_parquet(?{_OPTS}, filename = true) e "
+            f"WHERE {cond.where} GROUP BY e.run_id",
+            [*cond.certain_params, events, *cond.params],
+        )
+        if not found:
+            return []
+        runs = sorted({runs_url(filename) for _, filename, _ in found})
+        kept = self._sql(
+            f"SELECT r.run_id, r.space, r.started_at FROM read_parquet(?{_OPTS}) r "
+            f"WHERE {' AND '.join(run_where)} AND r.run_id IN (SELECT unnest(?::VARCHAR[]))",
+            [runs, *run_params, [rid for rid, _, _ in found]],
+        )
+        of = {rid: (filename, bool(sure)) for rid, filename, sure in found}
+        kept.sort(key=lambda r: (r[2], r[0]), reverse=True)
+        return [(rid, of[rid][1], of[rid][0], space) for rid, space, _ in kept]
+
     def _candidates(
         self,
         query: EventQuery,
@@ -270,24 +280,30 @@ class ArchiveSearch:
         where_of: dict[str, tuple[str, str]],
     ) -> dict[str, list[Event]]:
         """The matching events of ``run_ids`` (each run's list, maybe empty): candidates
-        read whole from their runs' files only, tier payloads joined (decrypted), and
-        checked in Python where SQL was not certain."""
+        read whole from the row groups holding their runs only (one statement per file,
+        so each file's run ids prune its row groups), tier payloads joined (decrypted),
+        and checked in Python where SQL was not certain."""
         if not run_ids:
             return {}
-        files = sorted({where_of[r][0] for r in run_ids})
+        by_file: dict[str, list[str]] = {}
+        for rid in run_ids:
+            by_file.setdefault(where_of[rid][0], []).append(rid)
         columns = ", ".join(f"e.{c}" for c in EVENT_FIELDS)
-        rows = self._sql(
-            f"SELECT {columns}, coalesce({cond.certain}, TRUE), e.filename "
-            f"FROM read_parquet(?{_OPTS}, filename = true) e WHERE {cond.where} "
-            "AND e.run_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY e.run_id, e.seq",
-            [*cond.certain_params, files, *cond.params, run_ids],
-        )
+        selects: list[str] = []
+        params: list[Any] = []
+        for filename, ids in sorted(by_file.items()):
+            selects.append(
+                f"SELECT {columns}, coalesce({cond.certain}, TRUE) AS sure, ? AS filename "
+                f"FROM read_parquet(?{_OPTS}) e WHERE e.run_id IN ({', '.join('?' * len(ids))}) "
+                f"AND {cond.where}"
+            )
+            params += [*cond.certain_params, filename, filename, *ids, *cond.params]
+        rows = self._sql(" UNION ALL ".join(selects), params)
         out: dict[str, list[Event]] = {rid: [] for rid in run_ids}
-        by_file: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+        groups: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         for row in rows:
-            space = where_of[row[0]][1]
-            by_file.setdefault((row[-1], space), []).append(row)
-        for (filename, space), group in by_file.items():
+            groups.setdefault((row[-1], where_of[row[0]][1]), []).append(row)
+        for (filename, space), group in groups.items():
             split = [(event_from_row(r[:20]), r[20], r[21]) for r in group]
             if any(rq is not None or rs is not None for _, rq, rs in split):
                 root, _, rest = filename.rpartition("/events/")
