@@ -321,6 +321,12 @@ def test_compactor_command_and_status(store: StreamStore, url: str, sink_url: st
     assert (row["depth"], row["lag"], row["compactors"]) == (5, None, [])
     assert row["oldest_at"] is not None
     assert time.time() - row["oldest_at"] < 60
+    # Not compacted yet: a listing shows the run, a search says what it cannot see.
+    listed = runner.invoke(app, ["--store", url, "runs", "--json"])
+    assert run_id in listed.stdout
+    searched = runner.invoke(app, ["--store", url, "query"])
+    assert searched.exit_code == 0, searched.output
+    assert f"1 run(s) have records in stream {store.stream} not compacted" in searched.output
     ran = runner.invoke(
         app, ["compactor", "--source", source, "--sink", sink_url, "--until-idle", "0.5"]
     )
@@ -332,6 +338,9 @@ def test_compactor_command_and_status(store: StreamStore, url: str, sink_url: st
     assert "0 not delivered" in shown.stdout
     listed = runner.invoke(app, ["--store", url, "runs", "--json"])
     assert run_id in listed.stdout
+    searched = runner.invoke(app, ["--store", url, "query"])
+    assert run_id in searched.output
+    assert "not compacted" not in searched.output
     verified = runner.invoke(app, ["--store", sink_url, "verify", "--all"])
     assert verified.exit_code == 0, verified.output
 

@@ -35,7 +35,7 @@ from rich.progress import (
 
 from replayable._files import private_dir, write_private
 from replayable.audit.access import AuditReader
-from replayable.cli._context import stdout
+from replayable.cli._context import state, stdout
 from replayable.cli.audit import AsUser, Purpose, RoleOpt, reader
 from replayable.errors import ConfigurationError
 from replayable.events.model import Run
@@ -225,6 +225,34 @@ def query(
             typer.echo(f"note: {archived_notice(page.archived_skipped)}", err=True)
         else:
             out.print(f"note: {archived_notice(page.archived_skipped)}", markup=False)
+    waiting = pending_notice(state(ctx).store())
+    if waiting:
+        if as_json:
+            typer.echo(f"note: {waiting}", err=True)
+        else:
+            out.print(f"note: {waiting}", markup=False)
+
+
+def pending_notice(store: Any) -> str | None:
+    """What a search over a ``nats://`` store's sink cannot see yet: runs with records
+    still in the stream (``None`` when there are none, or for other stores)."""
+    from replayable.errors import StoreError
+    from replayable.store.stream import StreamStore
+
+    if not isinstance(store, StreamStore):
+        return None
+    try:
+        waiting = store.pending_runs()
+    except StoreError as exc:
+        return (
+            f"stream {store.stream} cannot be read ({exc}); runs not compacted yet are not searched"
+        )
+    if not waiting:
+        return None
+    return (
+        f"{len(waiting)} run(s) have records in stream {store.stream} not compacted into the "
+        "sink yet: they are searched once `replayable compactor` has moved them"
+    )
 
 
 Formats = Annotated[

@@ -159,7 +159,7 @@ class StreamStore(EventStore):
         )
         self.url = f"{self._base}&sink={shown_url(self.sink_url)}"
         self._connect = url
-        self._create = create
+        del create  # the sink is made when missing (see ``sink``)
         self._opener = opener
         self._sink: EventStore | None = None
         self._sink_lock = threading.Lock()
@@ -195,7 +195,9 @@ class StreamStore(EventStore):
                     else:
                         from replayable.store import open_store
 
-                        self._sink = open_store(self.sink_url, create=self._create)
+                        # Made when missing, even for readers: the compactor writes
+                        # it, and a run may be read from the stream before it did.
+                        self._sink = open_store(self.sink_url)
                 sink = self._sink
         return sink
 
