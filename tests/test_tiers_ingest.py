@@ -15,7 +15,7 @@ from replayable.events.canonical import event_hash, fingerprint, genesis_hash
 from replayable.events.ids import uuid7
 from replayable.events.model import Event, RunEnd, RunStart
 from replayable.store import payloads, verify_run
-from replayable.store.payloads import _LONG, PayloadTier, _has_long_string, _Seen
+from replayable.store.payloads import _LONG, PayloadTier, _has_long_string, _Seen, split_payload
 from replayable.store.sqlite import SQLiteStore
 
 
@@ -199,3 +199,18 @@ def test_the_stored_set_is_bounded() -> None:
     assert 6 not in seen
     seen.clear()
     assert 11 not in seen
+
+
+def test_a_message_is_found_past_an_object_that_starts_like_it() -> None:
+    """A segment is located by its first characters, then compared whole: an earlier
+    object with the same first 64 characters (no role, so not a segment) is passed over,
+    the message is cut where it really is, and the pieces give the payload back."""
+    content = "A" * 100
+    decoy = {"content": content + "z"}
+    message = {"content": content + "x", "role": "user"}
+    text = orjson.dumps({"a": decoy, "b": message}, option=orjson.OPT_SORT_KEYS).decode()
+    wanted = orjson.dumps(message, option=orjson.OPT_SORT_KEYS).decode()
+    assert text.find(wanted[:64]) < text.find(wanted)  # the decoy comes first
+    pieces, tail = split_payload(text)
+    assert pieces == [(text[: text.find(wanted)], wanted)]
+    assert "".join(literal + segment for literal, segment in pieces) + tail == text

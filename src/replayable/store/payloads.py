@@ -223,6 +223,10 @@ def _has_long_string(text: str) -> bool:
     return False
 
 
+#: How much of a segment is searched for before the rest is compared.
+_HEAD: Final = 64
+
+
 def split_payload(text: str) -> tuple[list[tuple[str, str]], str]:
     """``text`` as (literal, segment) pieces and a trailing literal, which concatenated
     give ``text`` exactly.
@@ -244,7 +248,13 @@ def split_payload(text: str) -> tuple[list[tuple[str, str]], str]:
     def take(value: Any) -> bool:
         nonlocal pos
         sub = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-        at = text.find(sub, pos)
+        # The first place sub starts at is one of its first characters' places: found
+        # those with a short search and compared, rather than searched for whole (a
+        # segment of 20 KB took 0.1 ms to find in its payload).
+        head = sub[:_HEAD]
+        at = text.find(head, pos)
+        while at >= 0 and not text.startswith(sub, at):
+            at = text.find(head, at + 1)
         if at < 0:
             return False
         found.append((text[pos:at], sub))
