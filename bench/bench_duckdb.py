@@ -492,7 +492,8 @@ def _encrypted(sec: Section, cfg: Config) -> None:
         f"{figures['encrypted']:.2f} s",
         f"plain {figures['plain']:.2f} s ({figures['encrypted'] / figures['plain']:.1f}x): "
         f"{candidates:,} candidate events decrypted and checked in Python, "
-        f"{extra * 1e6:,.0f} µs each; {int(figures['plain_found'])} affected runs either way",
+        + (f"{extra * 1e6:,.0f} µs more each" if extra > 0 else "no measurable cost over plain")
+        + f"; {int(figures['plain_found'])} affected runs either way",
     )
     sec.data["encrypted"] = {**figures, "candidates": candidates, "per_candidate_s": extra}
 
