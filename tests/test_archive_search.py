@@ -345,6 +345,13 @@ def test_query_command_over_the_archive(sqlite_archived: tuple[SQLiteStore, str]
     expected = store.search(dataclasses.replace(IMPACT, limit=100, include_archived=True)).hits
     assert [r["run_id"] for r in listed] == [h.run_id for h in expected]
     assert len(listed) == 14
+    out = Path(url).parent / "reports"
+    args = ["--store", store.url, "report", "--archive", url, *filters, "--format", "json"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {p.stem for p in out.glob("*.json")} == {h.run_id for h in expected}
+    report = json.loads((out / f"{expected[0].run_id}.json").read_text())
+    assert [s["seq"] for s in report["matching_steps"]] == [2]
 
 
 def test_an_unreadable_archive_is_a_clear_error(tmp_path: Path) -> None:
