@@ -397,6 +397,67 @@ def test_re2_scans_decide_and_redact_as_re_does(
         assert with_re2.redact_mapping(env) == plain.redact_mapping(env)
 
 
+@pytest.mark.parametrize(
+    "patterns",
+    [
+        pytest.param({}, id="defaults"),
+        pytest.param({"extra_patterns": USER_PATTERNS}, id="user-patterns"),
+    ],
+)
+def test_one_scan_over_a_batch_finds_what_each_payload_scan_finds(
+    patterns: dict[str, Any],
+) -> None:
+    """A writer scans a batch's payloads joined, not one by one: the joined scan says
+    "may hold a secret" whenever one payload's own scan does, wherever in the batch the
+    secret stands (first, last, against the neighbour's edge), and with the user's
+    anchored or look-around patterns too."""
+    redactor = Redactor(extra_keys=EXTRA_KEYS, **patterns)
+    payloads = random_payloads(13, 1500)
+    rng = random.Random(3)
+    clean = [p for p in payloads if not redactor.needs_redaction(p)]
+    hits = [p for p in payloads if redactor.needs_redaction(p)]
+    assert clean
+    assert hits
+    for hit in hits:
+        group = rng.sample(clean, 6)
+        for at in (0, 3, 6):
+            assert redactor.needs_redaction_any([*group[:at], hit, *group[at:]]), hit
+    assert not redactor.needs_redaction_any(clean[:200]) or patterns
+    assert not redactor.needs_redaction_any([])
+
+
+def test_the_writer_redacts_a_secret_among_many_clean_events(tmp_path: Path) -> None:
+    """A batch of many clean events and one that holds a secret: the one is redacted, the
+    others are stored as they came, and every fingerprint is the canonical one."""
+    from replayable.events.canonical import fingerprint
+
+    @replayable.tool
+    def lookup(text: str) -> str:
+        return "ok"
+
+    @replayable.workflow("tests.batch_scan")
+    def agent() -> None:
+        for i in range(700):
+            lookup("my key is sk-" + "a1B2" * 8 if i == 431 else f"weather {i}")
+
+    store = SQLiteStore(tmp_path / "batch.db")
+    try:
+        with replayable.recording(store):
+            agent()
+        run_id = store.list_runs()[0].run_id
+        events = store.events(run_id)
+        assert len(events) == 700
+        assert "sk-" not in events[431].request
+        assert REDACTED in events[431].request
+        assert all(REDACTED not in e.request for i, e in enumerate(events) if i != 431)
+        assert events[5].request == canonical({"text": "weather 5"}).decode()
+        for e in events:
+            assert e.fingerprint == fingerprint(e.kind, e.name, e.request.encode())
+        assert replayable.verify_run(store, run_id).ok
+    finally:
+        store.close()
+
+
 def test_re2_reads_accepted_patterns_as_re_does() -> None:
     """Every pattern handed to re2 matches the same bytes as under ``re``: random patterns
     over the syntax where the two engines differ (``\\s``, ``$``, ``\\B``, ``{,n}``, nested

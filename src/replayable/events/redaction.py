@@ -317,6 +317,24 @@ class Redactor:
         rest_scan = re.compile("|".join(f"(?:{p})" for p in rest).encode()) if rest else None
         return _re2_matcher(scan), rest_scan
 
+    def needs_redaction_any(self, payloads: list[bytes]) -> bool:
+        """Whether any of the serialized ``payloads`` may hold a secret: one scan over
+        them all (a writer's batch), where ``needs_redaction`` of each would pay its
+        calls thousands of times.
+
+        The payloads are scanned joined by a newline. That never hides a secret: every
+        scan matches within one payload as it matches that payload alone (a newline
+        stands where the payload's edge stood: not a word character, and never inside
+        canonical JSON, which escapes it), and what straddles two payloads only sends
+        them to the per-payload check. Patterns of the user's own, which may anchor
+        (``^``, ``$``) or look around, are checked payload by payload.
+        """
+        if self._nothing:
+            return False
+        if self._user_patterns or self._re2_scans is None:
+            return any(self.needs_redaction(p) for p in payloads)
+        return self.needs_redaction(b"\n".join(payloads))
+
     def _name_found(self, payload: bytes, start: int, end: int) -> bool:
         """Whether the candidate name a scan found at ``start:end`` (from within the name,
         or its opening quote, to the ``:`` or ``,`` after it) is a secret name."""

@@ -72,6 +72,9 @@ _EVENT, _START, _END, _BLOB, _MARK, _KNOWN = range(6)
 #: or ``None``, the outcome so far).
 _Started = tuple[Batch, list[tuple[int, Any, Waiter | None]], Job | None, Exception | None]
 _LETTER = {_EVENT: "e", _START: "s", _END: "x", _BLOB: "b"}
+#: A batch whose payloads hold a secret somewhere is scanned again in groups of this
+#: many events, so that only the groups with a hit are checked event by event.
+_SCAN_GROUP = 64
 
 
 def default_spool_dir() -> Path:
@@ -637,7 +640,22 @@ class Writer:
         chains: dict[str, Chain] = {}
         ended: list[str] = []
         linker = self._linker
+        clean, clean_ids = self._scan(raw)
+        link_event = linker.event
+        add_event = data.events.append
         for kind, item, waiter in raw:
+            if kind == _EVENT and waiter is None:
+                # The bulk of a batch: buffered events, built with nothing else to settle.
+                try:
+                    built = link_event(item, chains, clean or id(item) in clean_ids)
+                except Exception as exc:
+                    if isinstance(exc, StoreError) and not is_permanent(exc):
+                        raise  # the store is needed to build it: try the batch again later
+                    refused.append(("e", item, exc))
+                    continue
+                if built is not None:  # else a hand-off the store holds already
+                    add_event(built)
+                continue
             durable = durable or waiter is not None
             if kind == _MARK:
                 if waiter is not None:
@@ -648,7 +666,7 @@ class Writer:
                 continue
             try:
                 if kind == _EVENT:
-                    record: Any = linker.event(item, chains)
+                    record: Any = linker.event(item, chains, id(item) in clean_ids)
                     if record is None:  # a hand-off the store holds already
                         if waiter is not None:
                             waiter.resolve(None)
@@ -683,6 +701,24 @@ class Writer:
         batch = Batch(data, owned, marks, durable)
         batch.prior = prior
         return batch
+
+    def _scan(self, raw: list[tuple[int, Any, Waiter | None]]) -> tuple[bool, set[int]]:
+        """Which of the batch's events hold no secret, found with a few scans over many
+        payloads at once: ``(True, ...)`` when none does, else the ids of the hand-offs
+        found clean in groups of ``_SCAN_GROUP`` (the others are checked one by one)."""
+        pending = [item for kind, item, _ in raw if kind == _EVENT]
+        if not pending:
+            return False, set()
+        linker = self._linker
+        if linker.clean_events(pending):
+            return True, set()
+        clean: set[int] = set()
+        if len(pending) > _SCAN_GROUP:
+            for i in range(0, len(pending), _SCAN_GROUP):
+                group = pending[i : i + _SCAN_GROUP]
+                if linker.clean_events(group):
+                    clean.update(map(id, group))
+        return False, clean
 
     def close(self) -> None:
         """Flush, give a pending spool a short chance to drain, and stop the thread.

@@ -24,13 +24,12 @@ import orjson
 
 from replayable.capture.writer.deferred import expand
 from replayable.errors import ConfigurationError, RunNotFoundError
-from replayable.events.canonical import canonical, fingerprint
+from replayable.events.canonical import canonical
 from replayable.events.chain import (
     ChainFormatError,
     ChainKey,
     chain_label,
     genesis,
-    link,
     parse_chain,
     seal_for,
     seal_message,
@@ -44,6 +43,19 @@ if TYPE_CHECKING:
     from replayable.store.base import EventStore
 
 log = logging.getLogger("replayable")
+
+_sha256 = hashlib.sha256
+_dumps = orjson.dumps
+_SORT = orjson.OPT_SORT_KEYS
+#: ``kind NUL name NUL``, the prefix of a fingerprint's input, per boundary (bounded).
+_PREFIXES: dict[tuple[str, str], bytes] = {}
+
+
+def _prefix(kind: str, name: str) -> bytes:
+    prefix = f"{kind}\x00{name}\x00".encode()
+    if len(_PREFIXES) < 4096:
+        _PREFIXES[(kind, name)] = prefix
+    return prefix
 
 
 def _warn(message: str) -> None:
@@ -222,9 +234,11 @@ class Linker:
         self._anchor_backlog = []
         self._anchor_failed = False
 
-    def event(self, p: PendingEvent, chains: dict[str, Chain]) -> Event | None:
+    def event(self, p: PendingEvent, chains: dict[str, Chain], clean: bool = False) -> Event | None:
         """The event for hand-off ``p``, linked after its run's chain head; ``None`` for
-        a seq an adopting linker has stored or linked already."""
+        a seq an adopting linker has stored or linked already. ``clean``: its request,
+        response and error bytes were scanned already (``clean_events``) and hold no
+        secret."""
         if self.adopt:
             seen = self.chain(p[0], chains).seen
             if seen is not None:
@@ -250,76 +264,104 @@ class Linker:
         ) = p
         if tagged.__class__ is str:  # raw parts, for the builder ``tagged`` names
             req, resp, tagged, meta = expand(tagged, kind, name, req, resp, meta)
-        redactor = self.redactor
-        if resp is None:
-            if redactor.needs_redaction(req):
-                req = redactor.redact_bytes(req)
-            response = None
+            clean = False
+        if clean:
+            error = None if err is None else err.decode()
         else:
+            redactor = self.redactor
+            if resp is None:
+                if redactor.needs_redaction(req):
+                    req = redactor.redact_bytes(req)
             # One scan over both (most hold no secret); a hit checks each on its own.
-            if redactor.needs_redaction(req + resp):
+            elif redactor.needs_redaction(req + resp):
                 req = redactor.redact_bytes(req)
                 resp = redactor.redact_bytes(resp)
-            response = resp.decode()
-        request = req.decode()
-        error = None if err is None else redactor.redact_bytes(err).decode()
-        fp = fingerprint(kind, name, req)
+            error = None if err is None else redactor.redact_bytes(err).decode()
+        prefix = _PREFIXES.get((kind, name))
+        if prefix is None:
+            prefix = _prefix(kind, name)
+        fp = _sha256(prefix + req).hexdigest()
         metadata = self._metadata(meta) if meta else {}
         encoding = "tagged" if tagged else "json"
-        chain = self.chain(run_id, chains)
+        chain = chains.get(run_id)
+        if chain is None:
+            chain = self.chain(run_id, chains)
         prev = chain.head
         index = chain.count
-        digest = link(
-            chain.key,
-            prev,
-            orjson.dumps(
-                (
-                    run_id,
-                    seq,
-                    index,
-                    kind,
-                    name,
-                    key,
-                    parent,
-                    call_site,
-                    # Version 2 events hash their payloads' sha256 (canonical.event_fields).
-                    hashlib.sha256(req).hexdigest(),
-                    fp,
-                    None if resp is None else hashlib.sha256(resp).hexdigest(),
-                    encoding,
-                    error,
-                    side_effect,
-                    started_at,
-                    duration_ns,
-                    metadata,
-                    EVENT_SCHEMA_VERSION,
-                ),
-                option=orjson.OPT_SORT_KEYS,
+        data = _dumps(
+            (
+                run_id,
+                seq,
+                index,
+                kind,
+                name,
+                key,
+                parent,
+                call_site,
+                # Version 2 events hash their payloads' sha256 (canonical.event_fields).
+                _sha256(req).hexdigest(),
+                fp,
+                None if resp is None else _sha256(resp).hexdigest(),
+                encoding,
+                error,
+                side_effect,
+                started_at,
+                duration_ns,
+                metadata,
+                EVENT_SCHEMA_VERSION,
             ),
+            option=_SORT,
         )
+        ckey = chain.key
+        if ckey is None:
+            digest = _sha256(prev.encode() + data).hexdigest()
+        else:
+            digest = ckey.mac(prev.encode() + data)
         chain.count = index + 1
         chain.head = digest
+        # Positional: the fields in ``Event``'s order (keywords cost a lookup each).
         return Event(
-            run_id=run_id,
-            seq=seq,
-            kind=kind,
-            name=name,
-            key=key,
-            parent=parent,
-            call_site=call_site,
-            request=request,
-            fingerprint=fp,
-            response=response,
-            encoding=encoding,
-            error=error,
-            side_effect=side_effect,
-            started_at=started_at,
-            duration_ns=duration_ns,
-            metadata=metadata,
-            chain_index=index,
-            prev_hash=prev,
-            hash=digest,
+            run_id,
+            seq,
+            kind,
+            name,
+            key,
+            parent,
+            call_site,
+            req.decode(),
+            fp,
+            None if resp is None else resp.decode(),
+            encoding,
+            error,
+            side_effect,
+            started_at,
+            duration_ns,
+            metadata,
+            index,
+            prev,
+            digest,
         )
+
+    def clean_events(self, pendings: list[PendingEvent]) -> bool:
+        """Whether none of these hand-offs' request, response and error bytes holds a
+        secret, found by one scan over them all (see ``Redactor.needs_redaction_any``);
+        ``False`` also when one of them is not plain bytes (a deferred event)."""
+        parts: list[bytes] = []
+        add = parts.append
+        for p in pendings:
+            req, resp, tagged, err = p[7], p[8], p[9], p[10]
+            if tagged.__class__ is str or req.__class__ is not bytes:
+                return False
+            add(req)
+            if resp is not None:
+                if resp.__class__ is not bytes:
+                    return False
+                add(resp)
+            if err is not None:
+                if err.__class__ is not bytes:
+                    return False
+                add(err)
+        return not self.redactor.needs_redaction_any(parts)
 
     def _metadata(self, meta: dict[str, Any]) -> dict[str, Any]:
         """An event's metadata as JSON values, with secrets redacted: an LLM call's
