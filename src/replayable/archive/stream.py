@@ -129,6 +129,7 @@ class Compactor:
         self._sub: Any = None
         self._kv: Any = None
         self._last_archive = time.monotonic()
+        self._flushing: asyncio.Future[None] | None = None
 
     # -- running --------------------------------------------------------------------
 
@@ -197,6 +198,12 @@ class Compactor:
                     await writing
                 except Exception:
                     log.exception("replayable: compactor: the last batch failed")
+            if self._flushing is not None:
+                try:
+                    await self._flushing
+                except Exception:
+                    pass
+                self._flushing = None
             if fetching is not None:
                 try:
                     await self._sub.nak(await fetching, 0.0)
@@ -327,8 +334,11 @@ class Compactor:
         if deferred:
             self.report.deferred += len(deferred)
             await self._sub.nak(deferred, RETRY_DELAY_S)
-        # The acks reached the server before the batch counts as done.
-        await self._sub.flush()
+        # That the acks reached the server is confirmed off the batches' path (a lost ack
+        # only brings the batch again, skipped as stored): before the next batch's.
+        if self._flushing is not None:
+            await self._flushing
+        self._flushing = asyncio.ensure_future(self._sub.flush())
         self.report.batches += 1
         self.report.records += written
         self.report.skipped += len(settle) - written - len(batch.blobs)
