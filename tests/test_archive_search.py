@@ -19,7 +19,7 @@ from replayable.archive.search import ArchiveSearch
 from replayable.audit.access import AuditReader
 from replayable.audit.actor import Actor
 from replayable.cli import app
-from replayable.errors import ConfigurationError
+from replayable.errors import ConfigurationError, StoreError
 from replayable.store import EventStore, MemoryStore
 from replayable.store.postgres import PostgresStore
 from replayable.store.search import DUCKDB, EventQuery, Predicate, event_filter
@@ -355,11 +355,19 @@ def test_query_command_over_the_archive(sqlite_archived: tuple[SQLiteStore, str]
 
 
 def test_an_unreadable_archive_is_a_clear_error(tmp_path: Path) -> None:
+    """No URL, no archive, a part whose runs file is gone: each says what is wrong."""
     with SQLiteStore(tmp_path / "runs.db") as store:
         with pytest.raises(ConfigurationError, match="--archive"):
             ArchiveSearch("", store)
         empty = ArchiveSearch(str(tmp_path / "nothing-here"), store)
         assert empty.search(IMPACT).hits == []
+        _tenant_run(store, 950, "acme", "x")
+        url = str(tmp_path / "archive")
+        archive(store, url, older_than=0, now=AFTER)
+        for path in Path(url, "runs").rglob("*.parquet"):
+            path.unlink()
+        with pytest.raises(StoreError, match="without their runs file"):
+            ArchiveSearch(url, store).search(EventQuery())
 
 
 def test_query_over_an_archive_on_s3(s3_archive: str, tmp_path: Path) -> None:

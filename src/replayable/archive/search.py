@@ -119,7 +119,7 @@ class ArchiveSearch:
     def readable_tenants(self) -> list[str | None]:
         """The tenants whose archived runs this search reads."""
         found: list[str | None] = []
-        for path in self._ls(f"{self.root}/runs"):
+        for path in self._ls(f"{self.root}/events"):
             name = path.rstrip("/").rsplit("/", 1)[-1]
             if not name.startswith("tenant="):
                 continue
@@ -263,11 +263,21 @@ class ArchiveSearch:
         if not found:
             return []
         runs = sorted({runs_url(filename) for _, filename, _ in found})
-        kept = self._sql(
-            f"SELECT r.run_id, r.space, r.started_at FROM read_parquet(?{_OPTS}) r "
-            f"WHERE {' AND '.join(run_where)} AND r.run_id IN (SELECT unnest(?::VARCHAR[]))",
-            [runs, *run_params, [rid for rid, _, _ in found]],
-        )
+        try:
+            kept = self._sql(
+                f"SELECT r.run_id, r.space, r.started_at FROM read_parquet(?{_OPTS}) r "
+                f"WHERE {' AND '.join(run_where)} AND r.run_id IN (SELECT unnest(?::VARCHAR[]))",
+                [runs, *run_params, [rid for rid, _, _ in found]],
+            )
+        except StoreError as exc:
+            missing = [u for u in runs if not self.fs.exists(u.removeprefix(self._prefix))]
+            if not missing:
+                raise
+            raise StoreError(
+                f"the archive {self.url} has events without their runs file ({missing[0]}"
+                f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}): a part "
+                "written before archives kept runs files cannot be queried over the archive"
+            ) from exc
         of = {rid: (filename, bool(sure)) for rid, filename, sure in found}
         kept.sort(key=lambda r: (r[2], r[0]), reverse=True)
         return [(rid, of[rid][1], of[rid][0], space) for rid, space, _ in kept]
