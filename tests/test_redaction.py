@@ -428,7 +428,8 @@ def test_one_scan_over_a_batch_finds_what_each_payload_scan_finds(
 
 def test_the_writer_redacts_a_secret_among_many_clean_events(tmp_path: Path) -> None:
     """A batch of many clean events and one that holds a secret: the one is redacted, the
-    others are stored as they came, and every fingerprint is the canonical one."""
+    others are stored as they came, every fingerprint is the canonical one and the chain
+    verifies."""
     from replayable.events.canonical import fingerprint
 
     @replayable.tool
@@ -438,7 +439,8 @@ def test_the_writer_redacts_a_secret_among_many_clean_events(tmp_path: Path) -> 
     @replayable.workflow("tests.batch_scan")
     def agent() -> None:
         for i in range(700):
-            lookup("my key is sk-" + "a1B2" * 8 if i == 431 else f"weather {i}")
+            # Requests of 20 to 80 bytes: hashed on either side of one SHA-256 block.
+            lookup("my key is sk-" + "a1B2" * 8 if i == 431 else f"weather {i}" + "x" * (i % 60))
 
     store = SQLiteStore(tmp_path / "batch.db")
     try:
@@ -450,7 +452,7 @@ def test_the_writer_redacts_a_secret_among_many_clean_events(tmp_path: Path) -> 
         assert "sk-" not in events[431].request
         assert REDACTED in events[431].request
         assert all(REDACTED not in e.request for i, e in enumerate(events) if i != 431)
-        assert events[5].request == canonical({"text": "weather 5"}).decode()
+        assert events[5].request == canonical({"text": "weather 5xxxxx"}).decode()
         for e in events:
             assert e.fingerprint == fingerprint(e.kind, e.name, e.request.encode())
         assert replayable.verify_run(store, run_id).ok

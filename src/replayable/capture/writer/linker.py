@@ -14,6 +14,7 @@ it happens here, on the writer's side: the agent's hot path does no crypto.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import warnings
 from collections.abc import Iterable
@@ -45,6 +46,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("replayable")
 
 _sha256 = hashlib.sha256
+
+
+def _builtin_sha256() -> Any:
+    """The interpreter's own SHA-256 (``_sha256``, ``_sha2`` from 3.12): no OpenSSL
+    context to set up, so cheaper for a payload of one block; OpenSSL's where absent."""
+    for module in ("_sha256", "_sha2"):
+        try:
+            return importlib.import_module(module).sha256
+        except (ImportError, AttributeError):
+            continue
+    return hashlib.sha256  # pragma: no cover - a build without them
+
+
+_one_block = _builtin_sha256()
+#: Up to this many bytes fit one SHA-256 block with its padding: hashed there, they
+#: cost about two thirds of OpenSSL's call; longer ones go to OpenSSL.
+_ONE_BLOCK = 55
 _dumps = orjson.dumps
 _SORT = orjson.OPT_SORT_KEYS
 #: ``kind NUL name NUL``, the prefix of a fingerprint's input, per boundary (bounded).
@@ -299,9 +317,11 @@ class Linker:
                 parent,
                 call_site,
                 # Version 2 events hash their payloads' sha256 (canonical.event_fields).
-                _sha256(req).hexdigest(),
+                (_one_block if len(req) <= _ONE_BLOCK else _sha256)(req).hexdigest(),
                 fp,
-                None if resp is None else _sha256(resp).hexdigest(),
+                None
+                if resp is None
+                else (_one_block if len(resp) <= _ONE_BLOCK else _sha256)(resp).hexdigest(),
                 encoding,
                 error,
                 side_effect,
