@@ -308,6 +308,25 @@ def test_a_batch_delivered_again_after_its_commit_is_skipped(store: StreamStore,
     assert verify_store(store.sink).ok
 
 
+def test_a_run_the_sink_refuses_for_good_does_not_hold_the_others(
+    store: StreamStore, url: str
+) -> None:
+    """A hostile record (a run id PostgreSQL cannot take) is taken off the queue and
+    counted; the good run in the same batch is stored."""
+    good, bad = new_id(9), "not-a-uuid\r\nPUB x 1"
+    events = make_events(good, 3)
+    bad_start = msgspec.structs.replace(start_of(new_id(10)), run_id=bad, root_run_id=bad)
+    store.append([start_of(good), bad_start], events, [make_end(good, events)])
+    # The id's line break never reached the wire as a frame of its own.
+    found = messages(store)
+    assert len(found) == 6
+    assert "not-a-uuid__PUB_x_1:s" in [mid for _, mid, _, _ in found]
+    report = compact(url)
+    assert (report.records, report.rejected) == (5, 1)
+    assert stream_state(url)["depth"] == 0
+    assert [e.seq for e in store.sink.events(good)] == [1, 2, 3]
+
+
 def test_compactor_command_and_status(store: StreamStore, url: str, sink_url: str) -> None:
     run_id = new_id(7)
     events = make_events(run_id, 3)

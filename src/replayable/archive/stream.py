@@ -327,7 +327,13 @@ class Compactor:
         finally:
             self.report.in_flight = 0
             self.report.oldest_in_flight = None
-        later = {id(m) for m in deferred}
+        if batch.refused:
+            # Taken off the queue: no write can ever store them.
+            self.report.rejected += len(batch.refused)
+            await self._sub.term(batch.refused)
+            gone = {id(m) for m in batch.refused}
+            deferred = [m for m in deferred if id(m) not in gone]
+        later = {id(m) for m in deferred} | {id(m) for m in batch.refused}
         settle = [m for m, _ in (*batch.blobs, *batch.starts, *batch.events, *batch.ends)]
         settle = [m for m in settle if id(m) not in later]
         await self._sub.ack(settle)
@@ -363,14 +369,53 @@ class Compactor:
         if missing:
             events = [(m, r) for m, r in events if r.run_id not in missing]
             ends = [(m, r) for m, r in ends if r.run_id not in missing]
-        written = self._write(
-            [b for _, b in batch.blobs],
-            [s for _, s in starts],
-            [e for _, e in events],
-            [x for _, x in ends],
-        )
+        try:
+            written = self._write(
+                [b for _, b in batch.blobs],
+                [s for _, s in starts],
+                [e for _, e in events],
+                [x for _, x in ends],
+            )
+        except ConfigurationError:
+            # A record the sink can never take (a run id that is no UUID, a tenant the
+            # sink does not write for) must not hold the others back: run by run.
+            written, refused = self._write_runs(batch, starts, events, ends)
+            deferred += refused
+            batch.refused = refused
         self._remember(batch_starts)
         return written, deferred
+
+    def _write_runs(
+        self,
+        batch: _Batch,
+        starts: list[tuple[Any, RunStart]],
+        events: list[tuple[Any, Event]],
+        ends: list[tuple[Any, RunEnd]],
+    ) -> tuple[int, list[Any]]:
+        """Write each run's records on their own; (written, messages of refused runs)."""
+        self._write([b for _, b in batch.blobs], [], [], [])
+        runs: dict[str, tuple[list[Any], list[Any], list[Any]]] = {}
+        for m, st in starts:
+            runs.setdefault(st.run_id, ([], [], []))[0].append((m, st))
+        for m, e in events:
+            runs.setdefault(e.run_id, ([], [], []))[1].append((m, e))
+        for m, x in ends:
+            runs.setdefault(x.run_id, ([], [], []))[2].append((m, x))
+        written = 0
+        refused: list[Any] = []
+        for run_id, (rs, re_, rx) in runs.items():
+            try:
+                written += self._write(
+                    [], [r for _, r in rs], [r for _, r in re_], [r for _, r in rx]
+                )
+            except ConfigurationError as exc:
+                log.error(
+                    "replayable: compactor: the sink refuses run %r for good, %d record(s) "
+                    "taken off stream %s: %s",
+                    run_id, len(rs) + len(re_) + len(rx), self.config.stream, exc,
+                )  # fmt: skip
+                refused += [m for m, _ in (*rs, *re_, *rx)]
+        return written, refused
 
     def _remember(self, run_ids: set[str]) -> None:
         if len(self._known) + len(run_ids) > _KNOWN_CAP:
@@ -778,10 +823,12 @@ def _stream_seq(reply: str | bytes | None) -> str:
 class _Batch:
     """One fetched batch, decoded: each record with the message it came in."""
 
-    __slots__ = ("blobs", "ends", "events", "msgs", "starts")
+    __slots__ = ("blobs", "ends", "events", "msgs", "refused", "starts")
 
     def __init__(self, msgs: list[Any]) -> None:
         self.msgs = msgs
+        #: Messages of runs the sink refuses for good (taken off the queue).
+        self.refused: list[Any] = []
         self.starts: list[tuple[Any, RunStart]] = []
         self.events: list[tuple[Any, Event]] = []
         self.ends: list[tuple[Any, RunEnd]] = []
