@@ -669,5 +669,17 @@ async def test_web_runs_and_reports_say_what_they_did_not_search(tmp_path: Path)
                 reports = await c.get(f"/reports?{filters}&archived=true", headers=h)
                 assert 'id="archived-not-searched"' not in reports.text
                 assert world.run[:13] in reports.text
+        # The archive out of reach: the run's page says so, it shows no empty run.
+        shutil.move(tmp_path / "arch", tmp_path / "elsewhere")
+        app = _app(world)  # nothing cached
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="https://localhost") as c:
+                gone = await c.get(f"/runs/{world.run}", headers=h)
+                assert gone.status_code == 503
+                assert "cannot be read" in gone.text
+                api = await c.get(f"/api/runs/{world.run}", headers=h)
+                assert api.status_code == 503
+                assert f"archived in {tmp_path / 'arch'}" in api.text
     finally:
         world.store.close()

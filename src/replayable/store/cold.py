@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import msgspec
 import orjson
 
-from replayable.errors import ConfigurationError, StoreError
+from replayable.errors import ConfigurationError, StoreError, StoreUnavailableError
 from replayable.events.model import Event
 from replayable.store.payloads import BlobRow, NodeRow
 from replayable.store.rows import event_from_row
@@ -274,7 +274,9 @@ class ColdReader:
                 path, filesystem=fs, filters=[("run_id", "=", where.run_id)], columns=None
             )
         except (OSError, ValueError) as exc:
-            raise StoreError(
+            # Unreachable (no file, no network) is an outage; a damaged file is not.
+            kind = StoreUnavailableError if isinstance(exc, OSError) else StoreError
+            raise kind(
                 f"run {where.run_id} is archived in {where.events_url}, which cannot be read: {exc}"
             ) from exc
         columns = [table.column(name).to_pylist() for name in EVENT_FIELDS]
@@ -301,7 +303,8 @@ class ColdReader:
             fs, path = filesystem(where.blobs_url)
             table = pq.read_table(path, filesystem=fs)
         except (OSError, ValueError) as exc:
-            raise StoreError(
+            kind = StoreUnavailableError if isinstance(exc, OSError) else StoreError
+            raise kind(
                 f"the blobs of run {where.run_id} are archived in {where.blobs_url}, which "
                 f"cannot be read: {exc}"
             ) from exc
