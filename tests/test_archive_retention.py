@@ -420,6 +420,15 @@ def test_purge_removes_expired_archives_and_leaves_verifiable_notices(
     assert purges[0][0] == backend.login
     assert "retention" in purges[0][1]
     assert purge(backend.maint, now=NOW).parts == 0
+    if backend.name == "sqlite":
+        # The purge records are append-only like the log.
+        with sqlite3.connect(tmp_path / "runs.db") as conn:
+            for statement in (
+                "UPDATE archive_purges SET purged_by = 'nobody'",
+                "DELETE FROM purged_payloads",
+            ):
+                with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+                    conn.execute(statement)
 
 
 def test_purge_follows_the_policy_per_tenant_and_workflow(tmp_path: Path) -> None:
