@@ -27,7 +27,7 @@ from replayable.events.chain import (
 from replayable.store.anchor import FileAnchor
 from replayable.store.integrity import Integrity
 from replayable.store.keys import FileKeyring, StaticKeys, keys_from_env, new_key_text, parse_key
-from replayable.store.sqlite import SQLiteStore
+from replayable.store.sqlite import _DB_VERSION, SQLiteStore
 from replayable.store.verify import verify_run, verify_store
 
 SECRET = bytes(range(32))
@@ -266,7 +266,7 @@ def test_v1_database_upgrades_and_its_runs_verify(tmp_path: Path) -> None:
         assert verify_run(reopened, rid, integrity=Integrity()).ok
         with sqlite3.connect(path) as raw:
             version = raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert version == ("3",)
+        assert version == (str(_DB_VERSION),)
     finally:
         reopened.close()
 

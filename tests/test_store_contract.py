@@ -33,7 +33,7 @@ from replayable.events.canonical import event_hash, genesis_hash, run_seal
 from replayable.events.ids import uuid7
 from replayable.events.model import Event, RunEnd, RunStart
 from replayable.store import EventStore, MemoryStore, RunFilter, open_store, verify_run
-from replayable.store.sqlite import SQLiteStore
+from replayable.store.sqlite import _DB_VERSION, SQLiteStore
 from tests.llm_corpus import chat
 
 # -- record builders ------------------------------------------------------------
@@ -1274,6 +1274,7 @@ def test_v2_database_upgrades_to_the_blob_tier(tmp_path: Path) -> None:
             "DROP TRIGGER events_no_update; DROP TRIGGER events_no_delete;"
             "ALTER TABLE events DROP COLUMN request_ref;"
             "ALTER TABLE events DROP COLUMN response_ref;"
+            "ALTER TABLE events DROP COLUMN site; DROP TABLE call_sites;"
             "UPDATE meta SET value = '2' WHERE key = 'schema_version';"
         )
         old = new_id(90)
@@ -1317,7 +1318,7 @@ def test_v2_database_upgrades_to_the_blob_tier(tmp_path: Path) -> None:
         reopened.close()
     with raw(path) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
-            "3",
+            str(_DB_VERSION),
         )
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             conn.execute("DELETE FROM payload_blobs")

@@ -27,7 +27,7 @@ from replayable.events.canonical import event_hash, genesis_hash, run_seal
 from replayable.events.model import Event
 from replayable.store.base import EventStore
 from replayable.store.postgres import PostgresStore
-from replayable.store.sqlite import SQLiteStore
+from replayable.store.sqlite import SQLiteStore, _hash_form
 from replayable.store.verify import verify_store
 from tests.pg_helpers import PgServer, pg
 
@@ -67,6 +67,8 @@ _PG_COLUMNS = {
     "run_ends": {"output": "output_text", "error": "error_text"},
 }
 _PG_GENERATED = {"metadata", "input_payload", "output_payload"}
+# SQLite stores an event's hashes as 32-byte blobs: the attacker writes them that way.
+_SQLITE_HASHES = {"fingerprint", "prev_hash", "hash"}
 
 
 class Raw:
@@ -87,6 +89,12 @@ class Raw:
             return _PG_COLUMNS.get(table, {}).get(name, name)
         return name
 
+    def stored(self, table: str, column: str, value: Any) -> Any:
+        """``value`` in the form the backend's own writer stores it."""
+        if self.kind == "sqlite" and table == "events" and column in _SQLITE_HASHES:
+            return _hash_form(value) if isinstance(value, str) else value
+        return value
+
     def run(self, statement: str, params: tuple[Any, ...] = ()) -> list[Any]:
         cur = self.conn.execute(statement.replace("?", self.ph), params)
         try:
@@ -96,6 +104,7 @@ class Raw:
 
     def update(self, table: str, column: str, value: Any, run_id: str, seq: int | None = None):
         where = "run_id = ?" + (f" AND {self.col('events', 'seq')} = ?" if seq is not None else "")
+        value = self.stored(table, column, value)
         params = (value, run_id) if seq is None else (value, run_id, seq)
         self.run(
             f"UPDATE {self.table(table)} SET {self.col(table, column)} = ? WHERE {where}", params
@@ -120,7 +129,11 @@ class Raw:
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
     def insert(self, table: str, row: dict[str, Any]) -> None:
-        row = {k: v for k, v in row.items() if not (self.kind == "postgres" and k in _PG_GENERATED)}
+        row = {
+            k: self.stored(table, k, v)
+            for k, v in row.items()
+            if not (self.kind == "postgres" and k in _PG_GENERATED)
+        }
         cols = ", ".join(row)
         marks = ", ".join([self.ph] * len(row))
         self.conn.execute(
@@ -279,6 +292,43 @@ def test_end_column_edit_caught(world: World, column: str, value: Any) -> None:
 def test_event_moved_to_another_run_caught(world: World) -> None:
     """An event re-assigned to another run breaks both runs."""
     _attack(world, lambda raw: raw.update("events", "run_id", world.b, world.a, 4))
+    _caught(world, world.a)
+    _caught(world, world.b)
+
+
+def test_call_site_table_edit_caught(world: World) -> None:
+    """SQLite names a call site once, in ``call_sites``: rewriting that row changes the
+    call site of every event from that line, and each of their runs is caught."""
+    if not isinstance(world.store, SQLiteStore):
+        pytest.skip("PostgreSQL stores the call site in the event row")
+
+    def act(raw: Raw) -> None:
+        raw.run(
+            "UPDATE call_sites SET text = 'elsewhere.py:1 in main' WHERE site_id = "
+            "(SELECT site FROM events WHERE run_id = ? AND seq = 2)",
+            (world.a,),
+        )
+
+    _attack(world, act)
+    _caught(world, world.a)
+    _caught(world, world.b)
+
+
+def test_call_site_reference_redirected_caught(world: World) -> None:
+    """An event pointed at another row of ``call_sites`` (or at none) is caught."""
+    if not isinstance(world.store, SQLiteStore):
+        pytest.skip("PostgreSQL stores the call site in the event row")
+
+    def act(raw: Raw) -> None:
+        raw.run("INSERT INTO call_sites (text) VALUES ('elsewhere.py:1 in main')")
+        raw.run(
+            "UPDATE events SET site = (SELECT max(site_id) FROM call_sites) "
+            "WHERE run_id = ? AND seq = 2",
+            (world.a,),
+        )
+        raw.run("UPDATE events SET site = 9999 WHERE run_id = ? AND seq = 2", (world.b,))
+
+    _attack(world, act)
     _caught(world, world.a)
     _caught(world, world.b)
 

@@ -48,13 +48,15 @@ from replayable.store.payloads import (
     split_space,
     subject_text,
 )
-from replayable.store.rows import event_from_row, event_to_row, run_from_row
+from replayable.store.rows import event_from_row, run_from_row
 
 __all__ = ["SQLiteStore"]
 
 #: 2 added ``runs.chain`` and ``run_ends.signature`` (keyed chains) and a store id;
-#: 3 the payload tier (``events.request_ref``/``response_ref``, ``payload_*`` tables).
-_DB_VERSION = 3
+#: 3 the payload tier (``events.request_ref``/``response_ref``, ``payload_*`` tables);
+#: 4 the compact event row: hashes as 32-byte blobs, call sites named once in
+#: ``call_sites`` (``events.site``), no ``events_kind_name`` index (see :func:`_event_rows`).
+_DB_VERSION = 4
 
 _SCHEMA = (
     """
@@ -77,16 +79,20 @@ CREATE TABLE IF NOT EXISTS run_ends (
 CREATE TABLE IF NOT EXISTS run_tags (
     key TEXT NOT NULL, value TEXT, run_id TEXT NOT NULL, PRIMARY KEY (key, value, run_id)
 ) WITHOUT ROWID;
+-- The hashes are 32-byte blobs (text in rows written before schema 4, and for a
+-- value that is not 64 lowercase hex digits); call_site is NULL when site names the
+-- row of call_sites holding it. Readers select _EVENT_SELECT, which gives both back
+-- as text: the event as it was hashed.
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
-    key TEXT, parent INTEGER, call_site TEXT, request TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    key TEXT, parent INTEGER, call_site TEXT, request TEXT NOT NULL, fingerprint BLOB NOT NULL,
     response TEXT, encoding TEXT NOT NULL, error TEXT, side_effect INTEGER NOT NULL,
     started_at REAL NOT NULL, duration_ns INTEGER NOT NULL, metadata TEXT NOT NULL,
-    chain_index INTEGER NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
-    schema_version INTEGER NOT NULL, request_ref TEXT, response_ref TEXT,
+    chain_index INTEGER NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL,
+    schema_version INTEGER NOT NULL, request_ref TEXT, response_ref TEXT, site INTEGER,
     PRIMARY KEY (run_id, seq)
 );
-CREATE INDEX IF NOT EXISTS events_kind_name ON events (kind, name);
+CREATE TABLE IF NOT EXISTS call_sites (site_id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
 -- A rowid table: blobs are appended in write order and only the key index takes
 -- them in digest order (WITHOUT ROWID put the compressed bytes themselves at random
@@ -137,6 +143,7 @@ _APPEND_ONLY = (
     "run_ends",
     "run_tags",
     "events",
+    "call_sites",
     "blobs",
     "payload_blobs",
     "payload_nodes",
@@ -162,12 +169,30 @@ def _triggers() -> str:
     return "\n".join(parts)
 
 
+# The stored columns an insert fills, in the order of :func:`_event_rows` (call_site is
+# left NULL: the sqlite3 module binds a None through its adapter lookup, at a cost).
 _EVENT_COLS = (
-    "run_id, seq, kind, name, key, parent, call_site, request, fingerprint, response, "
+    "run_id, seq, kind, name, key, parent, request, fingerprint, response, "
     "encoding, error, side_effect, started_at, duration_ns, metadata, chain_index, "
-    "prev_hash, hash, schema_version"
+    "prev_hash, hash, schema_version, site"
 )
 _EVENT_ROW_COLS = _EVENT_COLS + ", request_ref, response_ref"
+
+
+def _as_text(column: str) -> str:
+    """SQL giving a hash column back as the text that was hashed (a blob as lowercase hex)."""
+    return f"CASE WHEN typeof({column}) = 'blob' THEN lower(hex({column})) ELSE {column} END"
+
+
+#: What readers select from ``events``: the event's columns in field order as text and
+#: numbers, whatever form the row stores them in, then ``request_ref, response_ref``.
+_EVENT_SELECT = (
+    "run_id, seq, kind, name, key, parent, coalesce(call_site, "
+    "(SELECT text FROM call_sites WHERE site_id = events.site)), request, "
+    f"{_as_text('fingerprint')}, response, encoding, error, side_effect, started_at, "
+    f"duration_ns, metadata, chain_index, {_as_text('prev_hash')}, {_as_text('hash')}, "
+    "schema_version, request_ref, response_ref"
+)
 _RUN_COLS = (
     "run_id, workflow, entrypoint, parent_run_id, parent_seq, root_run_id, tenant, "
     "input, metadata, code, env_hash, lineage, started_at, schema_version, chain"
@@ -186,6 +211,46 @@ _UPGRADE_V3 = (
     "ALTER TABLE events ADD COLUMN request_ref TEXT",
     "ALTER TABLE events ADD COLUMN response_ref TEXT",
 )
+# Version 3 to 4: the call site by reference (rows written before keep the text in
+# call_site, and their hashes as text: both read the same). No reader used the kind
+# index, which cost a fifth of the key's size per event.
+_UPGRADE_V4 = (
+    "ALTER TABLE events ADD COLUMN site INTEGER",
+    "DROP INDEX IF EXISTS events_kind_name",
+)
+
+
+def _hash_form(text: str) -> bytearray | str:
+    """A hash as stored: the 32 bytes of 64 lowercase hex digits, anything else as it is
+    (so every value reads back exactly, which the event's own hash depends on)."""
+    if len(text) == 64:
+        try:
+            raw = bytearray.fromhex(text)
+        except ValueError:
+            return text
+        if raw.hex() == text:
+            return raw
+    return text
+
+
+def _hash_forms(texts: list[str]) -> list[bytearray | str]:
+    """:func:`_hash_form` of each of ``texts``, with one check for a batch of digests
+    (the usual case): all 64 characters long, none in upper case, each 32 bytes (no
+    spaces, which ``fromhex`` skips).
+
+    As bytearrays: the sqlite3 module binds those as they are, where a ``bytes`` value
+    (and ``None``) first goes through its adapter lookup, a failed attribute lookup with
+    the error message it formats, per value: more than the rest of the row's binding."""
+    if set(map(len, texts)) <= {64}:
+        joined = "".join(texts)
+        if joined.lower() == joined:
+            try:
+                out = list(map(bytearray.fromhex, texts))
+            except ValueError:  # not hex
+                out = []
+            if sum(map(len, out)) == 32 * len(texts):
+                return out  # type: ignore[return-value]
+    return [_hash_form(t) for t in texts]
 
 
 # run_tags is WITHOUT ROWID, so its key columns cannot hold NULL: a null metadata
@@ -307,6 +372,56 @@ def _live(
     return nodes, blobs
 
 
+def _event_rows(
+    events: Sequence[Event],
+    split: list[tuple[Event, str | None, str | None]] | None,
+    sites: dict[str, int],
+) -> list[tuple[Any, ...]]:
+    """The stored rows (:data:`_EVENT_COLS`) of ``events``, then their payload references
+    when ``split`` (the events as the tier left them, with those references); ``sites``
+    holds the id of each call site. :data:`_EVENT_SELECT` reads them back."""
+    evs = events if split is None else [e for e, _, _ in split]
+    fingerprints = _hash_forms([e.fingerprint for e in evs])
+    hashes = _hash_forms([e.hash for e in evs])
+    prev_texts = [e.prev_hash for e in evs]
+    if prev_texts[1:] == [e.hash for e in evs[:-1]]:  # one chain: each links the one before
+        prevs = [*_hash_forms(prev_texts[:1]), *hashes[:-1]]
+    else:
+        prevs = _hash_forms(prev_texts)
+    dumps, sort, site_id = orjson.dumps, orjson.OPT_SORT_KEYS, sites.get
+    # Every value of an exact type the sqlite3 module binds directly (1/0, not a bool).
+    rows = [
+        (
+            e.run_id, e.seq, e.kind, e.name, e.key, e.parent, e.request, fp, e.response,
+            e.encoding, e.error, 1 if e.side_effect else 0, e.started_at, e.duration_ns,
+            dumps(m, option=sort).decode() if (m := e.metadata) else "{}", e.chain_index,
+            prev, h, e.schema_version, site_id(e.call_site),  # type: ignore[arg-type]
+        )
+        for e, fp, prev, h in zip(evs, fingerprints, prevs, hashes, strict=True)
+    ]  # fmt: skip
+    if split is None:
+        return rows
+    return [(*r, rq, rs) for r, (_, rq, rs) in zip(rows, split, strict=True)]
+
+
+def _site_ids(c: sqlite3.Connection, texts: set[str]) -> dict[str, int]:
+    """The ids of call sites ``texts`` in ``call_sites``, adding those it lacks (inside
+    the caller's write transaction, so another writer's ids are the ones read)."""
+    out: dict[str, int] = {}
+    ordered = sorted(texts)
+    for start in range(0, len(ordered), _ROWS_PER_STATEMENT):
+        chunk = ordered[start : start + _ROWS_PER_STATEMENT]
+        c.execute(_statement("INSERT INTO call_sites (text)", 1, len(chunk), _SKIP_STORED), chunk)
+        marks = ",".join("?" * len(chunk))
+        out.update(
+            (str(t), int(i))
+            for i, t in c.execute(
+                f"SELECT site_id, text FROM call_sites WHERE text IN ({marks})", chunk
+            )
+        )
+    return out
+
+
 def _tier_generation(c: sqlite3.Connection) -> str:
     """How many times maintenance has dropped blobs from this file ('' for never)."""
     row = c.execute("SELECT value FROM meta WHERE key = 'tier_generation'").fetchone()
@@ -355,6 +470,8 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 raise store_error(exc, f"cannot create {self.url}: {exc}") from exc
         self._write_lock = threading.Lock()
         self._tenant_cache: dict[str, str] = {}
+        #: Call sites known to be in ``call_sites``, by text: their ids (a cache).
+        self._site_ids: dict[str, int] = {}
         self.tier = PayloadTier()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -424,9 +541,9 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 if version == 1:
                     for stmt in _UPGRADE_V2:
                         c.execute(stmt)
-                if version in (1, 2):
+                if version in (1, 2, 3):
                     have = {r[1] for r in c.execute("PRAGMA table_info(events)")}
-                    for stmt in _UPGRADE_V3:
+                    for stmt in (*_UPGRADE_V3, *_UPGRADE_V4):
                         if stmt.split()[-2] not in have:
                             c.execute(stmt)
                 for stmt in (_SCHEMA + _triggers()).split(";\n"):
@@ -483,18 +600,25 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         ]
         tier_rows = TierRows()
         tier = self.tier
+        known = self._site_ids
+        new_sites = {
+            site for e in events if (site := e.call_site) is not None and site not in known
+        }
+        # With a call site not seen before, the rows are built once its id is read,
+        # under the write lock; else here, before taking it.
+        sites = known if not new_sites else None
+        split: list[tuple[Event, str | None, str | None]] | None = None
         if tier.any_tiered(events):
             tenants = self._tenants({e.run_id for e in events}, starts)
             split = tier.split_events(self, events, tenants.__getitem__, tier_rows, pack=False)
             # Compressed while this thread builds and writes the event rows.
             packed = tier.pack_in_background(self, tier_rows)
-            event_rows = [(*event_to_row(e), rq, rs) for e, rq, rs in split]
             events_head, event_width = _EVENTS_HEAD, 22
         else:
-            # No payload for the tier: the rows as before it (the references NULL).
-            event_rows = [event_to_row(e) for e in events]
+            # No payload for the tier: the references NULL.
             events_head, event_width = _INLINE_EVENTS_HEAD, 20
             packed = _packed
+        event_rows = [] if sites is None else _event_rows(events, split, sites)
         end_rows = [
             (
                 r.run_id,
@@ -543,6 +667,9 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                         tier.split_events(self, events, tenants.__getitem__, tier_rows)
                         packed = _packed
                         self._tier_generation = generation
+                if sites is None:
+                    sites = {**known, **_site_ids(c, new_sites)}
+                    event_rows = _event_rows(events, split, sites)
                 _insert(c, _RUNS_HEAD, 15, run_rows)
                 _insert(c, _TAGS_HEAD, 3, tag_rows)
                 _insert(c, events_head, event_width, event_rows)
@@ -577,6 +704,13 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 raise
         finally:
             lock.release()
+        if new_sites and sites is not None:
+            # Known once committed: a batch rolled back may have named ids no row holds.
+            fresh = {t: sites[t] for t in new_sites}
+            if len(known) > 10_000:
+                self._site_ids = fresh  # replaced, not cleared: other threads may read it
+            else:
+                known.update(fresh)
         if tier_rows:
             tier.committed(tier_rows)
 
@@ -834,7 +968,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             chunk = ids[start : start + 500]
             out.extend(
                 self._query(
-                    f"SELECT {_EVENT_ROW_COLS} FROM events "
+                    f"SELECT {_EVENT_SELECT} FROM events "
                     f"WHERE run_id IN ({','.join('?' * len(chunk))}) ORDER BY run_id, seq",
                     chunk,
                 )
@@ -954,7 +1088,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 raise store_error(exc, f"writing to {self.url} failed: {exc}") from exc
 
     def _events(self, where: str, params: tuple[Any, ...]) -> list[Event]:
-        rows = self._query(f"SELECT {_EVENT_ROW_COLS} FROM events {where}", params)
+        rows = self._query(f"SELECT {_EVENT_SELECT} FROM events {where}", params)
         split = [(event_from_row(r[:20]), r[20], r[21]) for r in rows]
         if all(rq is None and rs is None for _, rq, rs in split):
             return [e for e, _, _ in split]
