@@ -536,6 +536,22 @@ def test_search_never_silently_skips_archived_payloads(backend: Backend, tmp_pat
         assert all(DOC in h.events[0].request for h in meta.hits)
 
 
+def test_search_tests_payloads_an_archive_kept_hot(backend: Backend, tmp_path: Path) -> None:
+    """--keep-hot leaves the payloads in the hot store: nothing is left out."""
+    old = _record(backend.writer, 1, started_at=OLD)
+    archive(backend.maint, str(tmp_path / "arch"), older_than=0.0, drop=False)
+    assert old in backend.maint.archived_ids()
+    assert backend.maint.dropped_ids() == set()
+    page = backend.writer.search(EventQuery(where=(Predicate.parse("request.n == 1"),)))
+    assert [h.run_id for h in page.hits] == [old]
+    assert page.archived_skipped == 0
+    assert DOC in page.hits[0].events[0].request
+    backend.maint.drop_archived_payloads([old])
+    assert backend.maint.dropped_ids() == {old}
+    page = backend.writer.search(EventQuery(where=(Predicate.parse("request.n == 1"),)))
+    assert (page.hits, page.archived_skipped) == ([], 1)
+
+
 def test_query_command_says_what_it_did_not_search(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

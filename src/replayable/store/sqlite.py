@@ -865,10 +865,11 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         return out
 
     def dropped_ids(self) -> set[str]:
+        # Per archived run, through the (run_id, seq) key: a dropped run's first row answers.
         rows = self._query(
-            "SELECT DISTINCT e.run_id FROM archived_runs a JOIN events e ON e.run_id = a.run_id "
-            "WHERE e.request = 'null' AND e.response IS NULL AND e.request_ref IS NULL "
-            "AND e.response_ref IS NULL"
+            "SELECT a.run_id FROM archived_runs a WHERE EXISTS (SELECT 1 FROM events e "
+            "WHERE e.run_id = a.run_id AND e.request = 'null' AND e.response IS NULL "
+            "AND e.request_ref IS NULL AND e.response_ref IS NULL)"
         )
         return {str(r[0]) for r in rows}
 
