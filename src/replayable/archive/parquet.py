@@ -42,7 +42,7 @@ from replayable.errors import AccessDeniedError, ConfigurationError, StoreError
 from replayable.events.model import Run
 from replayable.store.base import EventStore, RunFilter, tag_value
 from replayable.store.cold import EVENT_FIELDS, RUN_FIELDS, ArchivePart, filesystem, runs_url
-from replayable.store.payloads import BlobRow, NodeRow, reachable
+from replayable.store.payloads import BlobRow, NodeRow, reachable, tier_ref
 
 __all__ = ["ArchiveReport", "RetentionPolicy", "archive", "drop_blobs", "parse_age"]
 
@@ -520,8 +520,12 @@ def _event_table(
     columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
     last = None
     mine: set[str] = set()
-    for run_id, rq, rs in zip(columns[0], columns[20], columns[21], strict=True):
-        if rq is not None or rs is not None:
+    for run_id, rq, rs, error in zip(
+        columns[0], columns[20], columns[21], columns[11], strict=True
+    ):
+        # An error the tier keeps (encrypted) is copied like the payloads.
+        err = tier_ref(error) if type(error) is str else None
+        if rq is not None or rs is not None or err is not None:
             if run_id != last:
                 mine = refs.setdefault(spaces.get(run_id, ""), set())
                 last = run_id
@@ -529,6 +533,8 @@ def _event_table(
                 mine.add(rq)
             if rs is not None:
                 mine.add(rs)
+            if err is not None:
+                mine.add(err)
     columns[12] = [True if v == 1 else False if v == 0 else None for v in columns[12]]
     return pa.table(
         [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],

@@ -315,7 +315,7 @@ class ArchiveSearch:
             groups.setdefault((row[-1], where_of[row[0]][1]), []).append(row)
         for (filename, space), group in groups.items():
             split = [(event_from_row(r[:20]), r[20], r[21]) for r in group]
-            if any(rq is not None or rs is not None for _, rq, rs in split):
+            if self.store.tier.needs_join(split):
                 root, _, rest = filename.rpartition("/events/")
                 where = ArchivedRun(group[0][0], "", filename, f"{root}/blobs/{rest}", space)
                 tier = self._cold.blobs(where)

@@ -176,7 +176,9 @@ def show(
     console = whole_stdout()
     console.print(run_header(record, children, events, whole=piped()))
     for problem in record.problems:
-        console.print(Text.assemble(("⚠ unreadable run record: ", "bold yellow"), problem))
+        by_design = record.erased is not None and problem.endswith(record.erased)
+        label = "⚠ run record, " if by_design else "⚠ unreadable run record: "
+        console.print(Text.assemble((label, "bold yellow"), problem))
     console.print()
     tree = run_tree(store, record)
     if tree is not None:

@@ -21,7 +21,7 @@ from replayable.cli.render import event_parts, status_text
 from replayable.cli.runtree import lineage_rows
 from replayable.errors import ConfigurationError, ReplayDivergenceError, ReplayError
 from replayable.replay.frames import PausePoint
-from replayable.replay.loading import load_entrypoint
+from replayable.replay.loading import check_not_erased, load_entrypoint
 from replayable.replay.session import ReplayResult
 from replayable.replay.stepper import StepperShell
 
@@ -242,7 +242,13 @@ def replay(
     audit = reader(ctx, user, role, purpose)
     store = audit.store
     run_id = store.resolve(run)
-    unreadable = store.get_run(run_id).problems
+    recorded = store.get_run(run_id)
+    if recorded.erased is not None:
+        try:
+            check_not_erased(recorded)
+        except ReplayError as exc:
+            raise fail(str(exc)) from None
+    unreadable = recorded.problems
     if unreadable:
         # A start record that cannot be read names no input to replay with.
         raise fail(f"run {run_id} cannot be replayed: its record is unreadable ({unreadable[0]})")

@@ -20,11 +20,14 @@ if TYPE_CHECKING:
 __all__ = [
     "canonical",
     "chain_hash",
+    "covered",
     "event_hash",
     "fingerprint",
     "genesis_hash",
     "payload_digest",
     "run_seal",
+    "seal_outcome",
+    "seal_tail",
 ]
 
 _SORT: Final = orjson.OPT_SORT_KEYS
@@ -56,21 +59,32 @@ def payload_digest(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
+def covered(text: str | None, digest: str | None) -> str | None:
+    """What a hash that covers a value by its sha256 takes for it: the digest given (the
+    value was erased), else the sha256 of ``text`` (``None`` stays ``None``)."""
+    if digest is not None:
+        return digest
+    return None if text is None else payload_digest(text)
+
+
 def event_fields(event: Event) -> tuple[Any, ...]:
     """The fields of ``event`` that its hash covers, in chain order.
 
     A version 2 event covers the sha256 of its request and response rather than
     their text: the hash commits to the same bytes, and still verifies when the
     payload itself is gone (erased by crypto-shredding, or not fetched from the archive).
+    A version 3 event (written where payloads are encrypted) covers its error record's
+    sha256 too.
     """
     request: str | None = event.request
     response = event.response
-    if event.schema_version >= 2:
+    error = event.error
+    version = event.schema_version
+    if version >= 2:
         request = event.request_digest or payload_digest(event.request)
-        if event.response_digest is not None:
-            response = event.response_digest
-        elif response is not None:
-            response = payload_digest(response)
+        response = covered(response, event.response_digest)
+        if version >= 3:
+            error = covered(error, event.error_digest)
     return (
         event.run_id,
         event.seq,
@@ -84,7 +98,7 @@ def event_fields(event: Event) -> tuple[Any, ...]:
         event.fingerprint,
         response,
         event.encoding,
-        event.error,
+        error,
         event.side_effect,
         event.started_at,
         event.duration_ns,
@@ -94,7 +108,8 @@ def event_fields(event: Event) -> tuple[Any, ...]:
 
 
 def start_fields(start: RunStart) -> tuple[Any, ...]:
-    """The start record's fields as the seal and the start MAC cover them."""
+    """The start record's fields as the seal and the start MAC cover them (a version 2
+    start, written where payloads are encrypted, covers its input's sha256)."""
     return (
         start.run_id,
         start.workflow,
@@ -103,7 +118,7 @@ def start_fields(start: RunStart) -> tuple[Any, ...]:
         start.parent_seq,
         start.root_run_id,
         start.tenant,
-        start.input,
+        start.input if start.schema_version < 2 else covered(start.input, start.input_digest),
         start.metadata,
         start.code,
         start.env_hash,
@@ -126,24 +141,48 @@ def run_seal(
     error: str | None,
     ended_at: float,
     event_count: int,
+    *,
+    version: int = 1,
+    output_digest: str | None = None,
+    error_digest: str | None = None,
 ) -> str:
     """The end record's ``last_hash``: the chain head hashed with the run's start and end.
 
     It makes the run records tamper-evident too: editing a finished run's input,
-    metadata, outcome or event count breaks the seal.
+    metadata, outcome or event count breaks the seal. A ``version`` 2 end is sealed
+    over its output's and error's sha256 (the digests given stand in for erased ones).
     """
-    return chain_hash(
-        head,
-        (
-            "run-seal",
-            *start_fields(start),
-            status,
-            output,
-            error,
-            ended_at,
-            event_count,
-        ),
-    )
+    out, err = seal_outcome(version, output, error, output_digest, error_digest)
+    tail = seal_tail(status, out, err, ended_at, event_count, version)
+    return chain_hash(head, ("run-seal", *start_fields(start), *tail))
+
+
+def seal_outcome(
+    version: int,
+    output: str | None,
+    error: str | None,
+    output_digest: str | None = None,
+    error_digest: str | None = None,
+) -> tuple[str | None, str | None]:
+    """The output and error as an end record of ``version`` is sealed over: their text
+    (version 1), or their sha256 (version 2, or the digest given for an erased one)."""
+    if version < 2:
+        return output, error
+    return covered(output, output_digest), covered(error, error_digest)
+
+
+def seal_tail(
+    status: str,
+    output: str | None,
+    error: str | None,
+    ended_at: float,
+    event_count: int,
+    version: int,
+) -> tuple[Any, ...]:
+    """The end record's part of the seal's fields; a version 2 end names its version
+    (so it cannot be passed off as a version 1 end whose output is a digest's text)."""
+    tail: tuple[Any, ...] = (status, output, error, ended_at, event_count)
+    return tail if version < 2 else (*tail, version)
 
 
 def chain_hash(prev_hash: str, fields: tuple[Any, ...]) -> str:

@@ -33,6 +33,8 @@ from replayable.events.canonical import (
     event_hash,
     genesis_hash,
     run_seal,
+    seal_outcome,
+    seal_tail,
     start_fields,
 )
 
@@ -233,20 +235,33 @@ def seal_for(
     error: str | None,
     ended_at: float,
     event_count: int,
+    *,
+    version: int = 1,
+    output_digest: str | None = None,
+    error_digest: str | None = None,
 ) -> str:
-    """The end record's ``last_hash``: the chain head sealed with the start and the outcome."""
+    """The end record's ``last_hash``: the chain head sealed with the start and the outcome
+    (for an end record of ``version`` 2, the outcome's sha256: see ``run_seal``)."""
     if key is None:
-        return run_seal(head, start, status, output, error, ended_at, event_count)
+        return run_seal(
+            head,
+            start,
+            status,
+            output,
+            error,
+            ended_at,
+            event_count,
+            version=version,
+            output_digest=output_digest,
+            error_digest=error_digest,
+        )
+    out, err = seal_outcome(version, output, error, output_digest, error_digest)
     fields = (
         "run-seal",
         CHAIN_V2,
         start.chain,
         *start_fields(start),
-        status,
-        output,
-        error,
-        ended_at,
-        event_count,
+        *seal_tail(status, out, err, ended_at, event_count, version),
     )
     return key.mac(head.encode() + orjson.dumps(fields, option=_SORT))
 
@@ -259,7 +274,17 @@ def seal_message(run_id: str, seal: str) -> bytes:
 def end_seal(key: ChainKey | None, head: str, start: RunStart, end: RunEnd) -> str:
     """:func:`seal_for` over a stored end record's fields."""
     return seal_for(
-        key, head, start, end.status, end.output, end.error, end.ended_at, end.event_count
+        key,
+        head,
+        start,
+        end.status,
+        end.output,
+        end.error,
+        end.ended_at,
+        end.event_count,
+        version=end.schema_version,
+        output_digest=end.output_digest,
+        error_digest=end.error_digest,
     )
 
 

@@ -18,6 +18,8 @@ __all__ = [
     "BOUNDARY_KINDS",
     "EVENT_SCHEMA_VERSION",
     "SCHEMA_VERSION",
+    "SEALED_EVENT_VERSION",
+    "SEALED_SCHEMA_VERSION",
     "Event",
     "Run",
     "RunEnd",
@@ -27,11 +29,18 @@ __all__ = [
 
 #: Version of the event and run record layout. Bump it with an upcaster.
 SCHEMA_VERSION: Final = 1
+#: Version of the run records of a store that encrypts payloads: their seal (and start
+#: MAC) covers the sha256 of the input, output and error instead of their text, which
+#: are stored encrypted, so that a run whose data key was destroyed still verifies.
+SEALED_SCHEMA_VERSION: Final = 2
 #: Version of the event record: 2 hashes the sha256 of its request and response
 #: instead of their text (see :func:`~replayable.events.canonical.event_fields`), so
 #: that an event whose payload was erased or archived still verifies. Events of
 #: version 1 keep their own hashing.
 EVENT_SCHEMA_VERSION: Final = 2
+#: Version of the events of a store that encrypts payloads: 3 also hashes the sha256 of
+#: the error record in place of its text (it is stored encrypted, like the payloads).
+SEALED_EVENT_VERSION: Final = 3
 
 #: The places where the outside world enters an agent. ``span`` groups events;
 #: ``gap`` notes a network connection no boundary captured (host, port, call site).
@@ -98,6 +107,8 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     erased: str | None = None
     request_digest: str | None = None
     response_digest: str | None = None
+    #: The erased error record's sha256 (version 3 events hash it in the error's place).
+    error_digest: str | None = None
 
     def request_value(self) -> Any:
         """The request as a JSON tree (redacted, as stored)."""
@@ -132,6 +143,8 @@ class RunStart(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: The chain format (see :mod:`replayable.events.chain`): ``None`` for the unkeyed
     #: v1 chain, ``"2:<key id>:<start mac>"`` for a keyed one. Set by the writer.
     chain: str | None = None
+    #: The erased input's sha256 (a version 2 start hashes it in the input's place).
+    input_digest: str | None = None
 
 
 class RunEnd(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -151,6 +164,9 @@ class RunEnd(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     schema_version: int = SCHEMA_VERSION
     #: Ed25519 signature (hex) of the seal, for a keyed chain; ``None`` for v1.
     signature: str | None = None
+    #: The erased output's and error's sha256 (a version 2 end's seal covers them).
+    output_digest: str | None = None
+    error_digest: str | None = None
 
 
 class Run(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,6 +176,9 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     end: RunEnd | None = None
     #: What a reader found wrong with the stored run or end row (see ``Event.problems``).
     problems: tuple[str, ...] = ()
+    #: "erased on DATE by WHO" when the run's input, output or error can no longer be
+    #: read by design (its data key was destroyed; see ``Event.erased``).
+    erased: str | None = None
 
     @property
     def run_id(self) -> str:

@@ -30,7 +30,7 @@ from replayable.replay.divergence import Divergence, FieldDiff, field_diff
 from replayable.replay.frames import PausePoint, capture_stack
 from replayable.replay.keys import placeholder_keys
 from replayable.replay.live import LiveSession, Policy
-from replayable.replay.loading import check_records, load_entrypoint
+from replayable.replay.loading import check_not_erased, check_records, load_entrypoint
 from replayable.replay.session import (
     Progress,
     ReplayResult,
@@ -167,6 +167,7 @@ def replay(
         raise ConfigurationError(f"progress must be a callable(step, total), not {progress!r}")
     st = open_store(store)
     run = st.run(run_id)
+    check_not_erased(run)
     live_set, allow = frozenset(live), frozenset(allow_live)
     overrides = dict(overrides or {})
     if overrides and fork_at is None:

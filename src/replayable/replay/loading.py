@@ -233,11 +233,25 @@ _CLASS_TAGS = frozenset({"enum", "namedtuple", "dataclass", "pydantic"})
 
 def check_records(run: Run, events: list[Event]) -> None:
     """Refuse, before anything runs, a run whose input or events name a class decoding
-    would not build (:class:`~replayable.errors.UntrustedRecordError`, with run and step)."""
+    would not build (:class:`~replayable.errors.UntrustedRecordError`, with run and step),
+    or whose recorded values were erased (:class:`~replayable.errors.ReplayError`)."""
+    check_not_erased(run)
     _check_text(run.start.input, run.run_id, None)
     for ev in events:
         if ev.encoding == "tagged" and ev.response is not None:
             _check_text(ev.response, run.run_id, ev.seq)
+
+
+def check_not_erased(run: Run) -> None:
+    """Refuse a run whose input, output or error was erased by crypto-shredding: there is
+    nothing left to call the workflow with, or to compare its outcome against."""
+    if run.erased is None:
+        return
+    what = "input" if run.start.input_digest is not None else "recorded outcome"
+    raise ReplayError(
+        f"run {run.run_id} cannot be replayed: its {what} was {run.erased} (its data key "
+        "was destroyed); its events' metadata and hashes remain for audit"
+    )
 
 
 def _check_text(text: str, run_id: str, step: int | None) -> None:

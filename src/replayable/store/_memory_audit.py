@@ -19,7 +19,7 @@ __all__ = ["MemoryAudit"]
 class MemoryAudit:
     """Mixed into :class:`~replayable.store.MemoryStore`."""
 
-    _lock: threading.Lock
+    _lock: threading.RLock
     _starts: dict[str, RunStart]
     _ends: dict[str, RunEnd]
     _events: dict[str, dict[int, Event]]

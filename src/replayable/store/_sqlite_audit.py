@@ -181,6 +181,10 @@ class SQLiteAudit:
         sql = f"SELECT {_FLAG_COLS} FROM anomaly_flags{where_sql(where)} ORDER BY rowid"
         return [from_row(AnomalyFlag, r) for r in self._query(sql, params)]
 
+    def _joined_runs(self, runs: list[Run]) -> list[Run]:
+        """Runs with the values the payload tier keeps put back (the store's own)."""
+        return runs
+
     def unscanned_runs(
         self,
         *,
@@ -200,7 +204,7 @@ class SQLiteAudit:
             + " AND ".join(where)
             + " ORDER BY r.started_at, r.run_id LIMIT ?"
         )
-        return [run_from_row(r) for r in self._query(sql, [*params, limit])]
+        return self._joined_runs([run_from_row(r) for r in self._query(sql, [*params, limit])])
 
     def events_of(self, run_ids: Sequence[str]) -> dict[str, list[Event]]:
         from replayable.store.sqlite import _EVENT_SELECT

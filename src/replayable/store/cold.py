@@ -282,7 +282,7 @@ class ColdReader:
         columns = [table.column(name).to_pylist() for name in EVENT_FIELDS]
         rows = sorted(zip(*columns, strict=True), key=lambda r: r[1])
         split = [(event_from_row(r[:20]), r[20], r[21]) for r in rows]
-        if all(rq is None and rs is None for _, rq, rs in split):
+        if not self.store.tier.needs_join(split):
             return [e for e, _, _ in split]
         tier = self._tier(where)
         return self.store.tier.join_events(tier, split, lambda _rid: where.space)

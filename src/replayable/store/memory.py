@@ -27,9 +27,11 @@ from replayable.store.payloads import (
     PayloadTier,
     TierRows,
     TierStats,
+    kept_runs,
     node_digest,
     run_space,
     split_space,
+    tier_ref,
 )
 from replayable.store.rows import event_to_row
 
@@ -44,7 +46,9 @@ class MemoryStore(MemoryAudit, EventStore):
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
-        self._lock = threading.Lock()
+        # Re-entrant: an append that seals a new key space makes its data key (key_rows,
+        # put_key_rows) while it holds the lock.
+        self._lock = threading.RLock()
         self._starts: dict[str, RunStart] = {}
         self._ends: dict[str, RunEnd] = {}
         self._events: dict[str, dict[int, Event]] = {}
@@ -100,6 +104,9 @@ class MemoryStore(MemoryAudit, EventStore):
                     raise AppendOnlyError(f"run {end.run_id} already has an end record")
                 new_ends.add(end.run_id)
             rows = TierRows()
+            starts, ends = self.tier.seal_runs(
+                self, starts, ends, lambda rid: self._tenant(rid, starts), rows
+            )
             split = self.tier.split_events(
                 self, events, lambda rid: self._tenant(rid, starts), rows
             )
@@ -128,7 +135,12 @@ class MemoryStore(MemoryAudit, EventStore):
         start = self._starts.get(run_id)
         if start is None:
             raise RunNotFoundError(f"no run {run_id!r} in {self.url}")
-        return Run(start=start, end=self._ends.get(run_id))
+        return self._joined_runs([Run(start=start, end=self._ends.get(run_id))])[0]
+
+    def _joined_runs(self, runs: list[Run]) -> list[Run]:
+        if not kept_runs(runs):
+            return runs
+        return self.tier.join_runs(self, runs, lambda rid: self._tenant(rid, ()))
 
     def find_run_ids(self, prefix: str, limit: int = 6) -> list[str]:
         with self._lock:
@@ -141,7 +153,7 @@ class MemoryStore(MemoryAudit, EventStore):
             runs = [Run(start=s, end=self._ends.get(r)) for r, s in self._starts.items()]
         runs = [r for r in runs if f.matches(r)]
         runs.sort(key=lambda r: (r.started_at, r.run_id), reverse=True)
-        return runs if f.limit is None else runs[: f.limit]
+        return self._joined_runs(runs if f.limit is None else runs[: f.limit])
 
     def events(self, run_id: str) -> list[Event]:
         cold = self._archived_one(run_id)
@@ -359,7 +371,18 @@ class MemoryStore(MemoryAudit, EventStore):
         with self._lock:
             live_nodes: set[tuple[str, str]] = set()
             live_blobs: set[tuple[str, str]] = set()
-            for (rid, _), refs in self._refs.items():
+            # What hot records reference: events' payloads and errors, and the run
+            # records' input, output and error (never archived: always hot).
+            held: list[tuple[str, tuple[str | None, ...]]] = [
+                (rid, refs) for (rid, _), refs in self._refs.items()
+            ]
+            for rid, by_seq in self._events.items():
+                held.append((rid, tuple(tier_ref(e.error) for e in by_seq.values())))
+            for rid, start in self._starts.items():
+                end = self._ends.get(rid)
+                outcome = (None, None) if end is None else (end.output, end.error)
+                held.append((rid, (tier_ref(start.input), *map(tier_ref, outcome))))
+            for rid, refs in held:
                 key_space = self._tenant(rid, ())
                 for ref in refs:
                     if ref is None:

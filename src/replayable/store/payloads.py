@@ -27,6 +27,13 @@ or ->/<key id or ->``. Reading decompresses and checks the digest: a blob
 whose bytes do not match its hash makes the event unreadable, named in its
 ``problems``, so the reader that met it and ``verify`` report it.
 
+**Run records and errors.** When payloads are encrypted, a run's input, output
+and error and each event's error record are kept in the tier too (their column
+holds :data:`REF_PREFIX` and the reference), so that nothing a data subject's run
+recorded stays in clear where erasing its key cannot reach. Their records hash
+those values by their sha256 (run records of version 2, events of version 3), so an
+erased one still verifies; records of older versions keep them in their rows.
+
 This module holds the logic every backend shares; a backend stores rows and
 fetches them by digest (:class:`TierBackend`).
 """
@@ -46,10 +53,18 @@ import orjson
 import zstandard
 
 from replayable.events.canonical import payload_digest
-from replayable.events.model import Event
+from replayable.events.model import (
+    SEALED_EVENT_VERSION,
+    SEALED_SCHEMA_VERSION,
+    Event,
+    Run,
+    RunEnd,
+    RunStart,
+)
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "REF_PREFIX",
     "SUBJECT_KEY",
     "BlobRow",
     "NodeRow",
@@ -57,6 +72,7 @@ __all__ = [
     "TierBackend",
     "TierRows",
     "TierStats",
+    "kept_runs",
     "node_digest",
     "prefix_hash",
     "reachable",
@@ -65,10 +81,41 @@ __all__ = [
     "split_payload",
     "split_space",
     "subject_text",
+    "tier_ref",
 ]
 
 #: Payloads longer than this many characters leave the event row.
 DEFAULT_THRESHOLD: Final = 1024
+#: What a text column holds in place of a value the tier keeps (a run's input, output or
+#: error, an event's error, when payloads are encrypted): this prefix, then the value's
+#: reference. Never valid JSON, so no recorded value reads as one, and a reader that
+#: knows nothing of it names the column unreadable rather than showing a wrong value.
+REF_PREFIX: Final = "@tier:"
+
+
+def kept_runs(runs: Iterable[Run]) -> set[str]:
+    """The ids of the runs among ``runs`` with a value the tier keeps (see :data:`REF_PREFIX`)."""
+    out = set()
+    for run in runs:
+        end = run.end
+        if run.start.input.startswith(REF_PREFIX) or (
+            end is not None
+            and (
+                (end.output is not None and end.output.startswith(REF_PREFIX))
+                or (end.error is not None and end.error.startswith(REF_PREFIX))
+            )
+        ):
+            out.add(run.run_id)
+    return out
+
+
+def tier_ref(text: str | None) -> str | None:
+    """The tier reference a column's text holds, or ``None`` for a value kept in the row."""
+    if text is not None and text.startswith(REF_PREFIX):
+        return text[len(REF_PREFIX) :]
+    return None
+
+
 #: A segment shorter than this stays literal text in its node (a blob would cost more).
 MIN_SEGMENT: Final = 64
 #: A string value at least this long is a segment of its own (a document, a tool output).
@@ -745,8 +792,10 @@ class PayloadTier:
         The new blobs are compressed into ``rows.blobs`` unless ``pack`` is false (then
         they wait in ``rows.pending`` for :meth:`pack_in_background`)."""
         out: list[tuple[Event, str | None, str | None]] = []
-        # Encrypting, every payload goes to the tier: none may stay in clear in its row.
-        threshold = -1 if self.seal is not None else self.threshold
+        # Encrypting, every payload goes to the tier: none may stay in clear in its row,
+        # and neither may the error of an event whose hash covers its error's digest.
+        sealing = self.seal is not None
+        threshold = -1 if sealing else self.threshold
         for e in events:
             big_req = len(e.request) > threshold
             big_resp = e.response is not None and len(e.response) > threshold
@@ -760,14 +809,117 @@ class PayloadTier:
                 if big_resp
                 else None
             )
+            error = e.error
+            if sealing and error is not None and e.schema_version >= SEALED_EVENT_VERSION:
+                error = self.seal_text(backend, tenant, error, rows)
             stored = msgspec.structs.replace(
                 e,
                 request="null" if big_req else e.request,
                 response=None if big_resp else e.response,
+                error=error,
             )
             out.append((stored, req_ref, resp_ref))
         if pack:
             self._pack(backend, rows)
+        return out
+
+    def seal_text(self, backend: TierBackend, tenant: str, text: str, rows: TierRows) -> str:
+        """What a text column holds for ``text`` kept in the tier (see :data:`REF_PREFIX`)."""
+        if text.startswith(REF_PREFIX):
+            return text  # kept there already (a record read back undecoded, appended again)
+        return REF_PREFIX + self.externalize(backend, tenant, text, rows)
+
+    def seal_runs(
+        self,
+        backend: TierBackend,
+        starts: Sequence[RunStart],
+        ends: Sequence[RunEnd],
+        tenant_of: Callable[[str], str],
+        rows: TierRows,
+    ) -> tuple[Sequence[RunStart], Sequence[RunEnd]]:
+        """The run records with their input, output and error in the tier (their new
+        blobs left in ``rows.pending`` for the caller to pack), when payloads are
+        encrypted and the record's seal covers those values' digests; otherwise as given.
+        """
+        if self.seal is None:
+            return starts, ends
+        new_starts = [
+            msgspec.structs.replace(
+                s, input=self.seal_text(backend, tenant_of(s.run_id), s.input, rows)
+            )
+            if s.schema_version >= SEALED_SCHEMA_VERSION
+            else s
+            for s in starts
+        ]
+        new_ends = []
+        for end in ends:
+            if end.schema_version >= SEALED_SCHEMA_VERSION and (
+                end.output is not None or end.error is not None
+            ):
+                tenant = tenant_of(end.run_id)
+                end = msgspec.structs.replace(
+                    end,
+                    output=None
+                    if end.output is None
+                    else self.seal_text(backend, tenant, end.output, rows),
+                    error=None
+                    if end.error is None
+                    else self.seal_text(backend, tenant, end.error, rows),
+                )
+            new_ends.append(end)
+        return new_starts, new_ends
+
+    def join_runs(
+        self, backend: TierBackend, runs: Sequence[Run], tenant_of: Callable[[str], str]
+    ) -> list[Run]:
+        """Runs with the input, output and error the tier keeps put back, or named in
+        ``problems`` ("erased on DATE by WHO" for an erased one: its sha256 then stands
+        in for it in the seal)."""
+        wanted: dict[str, set[str]] = {}
+        for run in runs:
+            refs = [tier_ref(run.start.input)]
+            if run.end is not None:
+                refs += [tier_ref(run.end.output), tier_ref(run.end.error)]
+            held = [r for r in refs if r is not None]
+            if held:
+                wanted.setdefault(tenant_of(run.run_id), set()).update(held)
+        if not wanted:
+            return list(runs)
+        texts = {t: self.resolve(backend, t, refs) for t, refs in wanted.items()}
+        out = []
+        for run in runs:
+            ref = tier_ref(run.start.input)
+            end_refs = (
+                (tier_ref(run.end.output), tier_ref(run.end.error))
+                if run.end is not None
+                else (None, None)
+            )
+            if ref is None and end_refs == (None, None):
+                out.append(run)
+                continue
+            found = texts[tenant_of(run.run_id)]
+            problems = list(run.problems)
+            erased: str | None = None
+            start, end = run.start, run.end
+            if ref is not None:
+                value, digest, notice = _placed("input", found[ref], ref, problems)
+                start = msgspec.structs.replace(start, input=value, input_digest=digest)
+                erased = erased or notice
+            if end is not None:
+                changes: dict[str, Any] = {}
+                for column, end_ref in zip(("output", "error"), end_refs, strict=True):
+                    if end_ref is None:
+                        continue
+                    value, digest, notice = _placed(column, found[end_ref], end_ref, problems)
+                    changes[column] = value
+                    changes[f"{column}_digest"] = digest
+                    erased = erased or notice
+                end = msgspec.structs.replace(end, **changes)
+            out.append(
+                msgspec.structs.replace(
+                    run, start=start, end=end, problems=tuple(problems), erased=erased
+                )
+            )
         return out
 
     def any_tiered(self, events: Sequence[Event]) -> bool:
@@ -793,25 +945,29 @@ class PayloadTier:
         """Events with their referenced payloads put back (or named in ``problems``)."""
         by_tenant: dict[str, set[str]] = {}
         for e, req, resp in rows:
-            if req is None and resp is None:
+            err = tier_ref(e.error)
+            if req is None and resp is None and err is None:
                 continue
             heads = by_tenant.setdefault(tenant_of(e.run_id), set())
             if req is not None:
                 heads.add(req)
             if resp is not None:
                 heads.add(resp)
+            if err is not None:
+                heads.add(err)
         if not by_tenant:
             return [e for e, _, _ in rows]
         texts = {t: self.resolve(backend, t, heads) for t, heads in by_tenant.items()}
         out = []
         for e, req, resp in rows:
-            if req is None and resp is None:
+            err = tier_ref(e.error)
+            if req is None and resp is None and err is None:
                 out.append(e)
                 continue
             found = texts[tenant_of(e.run_id)]
             changes: dict[str, Any] = {}
             problems = list(e.problems)
-            for column, ref in (("request", req), ("response", resp)):
+            for column, ref in (("request", req), ("response", resp), ("error", err)):
                 if ref is None:
                     continue
                 text = found[ref]
@@ -820,18 +976,47 @@ class PayloadTier:
                     # its sha256 takes the payload's place in the hash.
                     notice = str(text)
                     problems.append(f"{column}: {notice}")
-                    changes[column] = orjson.dumps(notice).decode()
+                    changes[column] = _erased_value(column, notice)
                     changes[f"{column}_digest"] = ref[:64]
                     changes["erased"] = notice
                 elif isinstance(text, Unreadable):
                     problems.append(f"{column}: {text}")
-                    changes[column] = "null"
+                    changes[column] = None if column == "error" else "null"
                 else:
                     changes[column] = text
             if problems:
                 changes["problems"] = tuple(problems)
             out.append(msgspec.structs.replace(e, **changes))
         return out
+
+    def needs_join(self, rows: Sequence[tuple[Event, str | None, str | None]]) -> bool:
+        """Whether some row refers to the tier (a payload's reference, or an error kept there)."""
+        return any(
+            rq is not None or rs is not None or (e.error is not None and e.error[:6] == REF_PREFIX)
+            for e, rq, rs in rows
+        )
+
+
+def _erased_value(column: str, notice: str) -> str:
+    """What an erased value's place holds: the notice, as JSON text of the column's shape
+    (an error record is an object; the rest a string)."""
+    if column == "error":
+        return orjson.dumps({"erased": notice, "message": notice}).decode()
+    return orjson.dumps(notice).decode()
+
+
+def _placed(
+    column: str, text: str | Unreadable, ref: str, problems: list[str]
+) -> tuple[Any, str | None, str | None]:
+    """A run record's value from the tier: (value, digest standing in for it, notice)."""
+    if isinstance(text, Erased):
+        notice = str(text)
+        problems.append(f"{column}: {notice}")
+        return _erased_value(column, notice), ref[:64], notice
+    if isinstance(text, Unreadable):
+        problems.append(f"{column}: {text}")
+        return ('{"args":[],"kwargs":{}}' if column == "input" else None), None, None
+    return text, None, None
 
 
 # -- dictionaries --------------------------------------------------------------------

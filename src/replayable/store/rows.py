@@ -19,11 +19,18 @@ import orjson
 from replayable.events.model import (
     EVENT_SCHEMA_VERSION,
     SCHEMA_VERSION,
+    SEALED_EVENT_VERSION,
+    SEALED_SCHEMA_VERSION,
     Event,
     Run,
     RunEnd,
     RunStart,
 )
+from replayable.store.payloads import REF_PREFIX
+
+#: The newest record versions this replayable reads.
+_RUN_MAX: Final = SEALED_SCHEMA_VERSION
+_EVENT_MAX: Final = SEALED_EVENT_VERSION
 
 __all__ = [
     "END_COLUMNS",
@@ -92,8 +99,20 @@ def _opt_json_text(v: Any) -> str | None:
     return None if v is None else _json_text(v)
 
 
+def _is_ref(v: Any) -> bool:
+    """Whether ``v`` is the text of a value kept in the payload tier (read by the store)."""
+    return type(v) is str and v.startswith(REF_PREFIX)
+
+
+def _opt_output_text(v: Any) -> str | None:
+    """A run's output: JSON text, NULL, or a reference to the tier."""
+    return v if _is_ref(v) else _opt_json_text(v)
+
+
 def _input_text(v: Any) -> str:
-    """A run's input: JSON text of ``{"args": [...], "kwargs": {...}}``."""
+    """A run's input: JSON text of ``{"args": [...], "kwargs": {...}}`` (or a reference)."""
+    if _is_ref(v):
+        return str(v)
     value = _json_object(v)
     if type(value.get("args")) is not list or type(value.get("kwargs")) is not dict:
         raise _Bad("is not an object of args (a list) and kwargs (an object)")
@@ -101,9 +120,11 @@ def _input_text(v: Any) -> str:
 
 
 def _opt_error_text(v: Any) -> str | None:
-    """An error record: JSON text of an object (type, message, args), or NULL."""
+    """An error record: JSON text of an object (type, message, args), NULL, or a reference."""
     if v is None:
         return None
+    if _is_ref(v):
+        return str(v)
     _json_object(v)
     return str(v)
 
@@ -120,17 +141,15 @@ def _json_object(v: Any) -> dict[str, Any]:
 
 def _version(v: Any) -> int:
     n = _int(v)
-    if not 1 <= n <= SCHEMA_VERSION:
-        raise _Bad(f"{n} is not a record version this replayable reads (1 to {SCHEMA_VERSION})")
+    if not 1 <= n <= _RUN_MAX:
+        raise _Bad(f"{n} is not a record version this replayable reads (1 to {_RUN_MAX})")
     return n
 
 
 def _event_version(v: Any) -> int:
     n = _int(v)
-    if not 1 <= n <= EVENT_SCHEMA_VERSION:
-        raise _Bad(
-            f"{n} is not an event version this replayable reads (1 to {EVENT_SCHEMA_VERSION})"
-        )
+    if not 1 <= n <= _EVENT_MAX:
+        raise _Bad(f"{n} is not an event version this replayable reads (1 to {_EVENT_MAX})")
     return n
 
 
@@ -174,7 +193,7 @@ RUN_COLUMNS: Final[tuple[tuple[str, _Check, Any], ...]] = (
 END_COLUMNS: Final[tuple[tuple[str, _Check, Any], ...]] = (
     ("run_id", _text, ""),
     ("status", _status, "failed"),
-    ("output", _opt_json_text, None),
+    ("output", _opt_output_text, None),
     ("error", _opt_error_text, None),
     ("ended_at", _number, 0.0),
     ("event_count", _int, -1),
@@ -283,7 +302,7 @@ def _sound_event(r: Sequence[Any]) -> Event | None:
         and started_at - started_at == 0  # finite
         and type(duration_ns) is int and type(metadata) is str and type(chain_index) is int
         and type(prev_hash) is str and type(digest) is str
-        and type(version) is int and 1 <= version <= EVENT_SCHEMA_VERSION
+        and type(version) is int and 1 <= version <= _EVENT_MAX
     ):  # fmt: skip
         return None
     loads = orjson.loads
@@ -291,7 +310,7 @@ def _sound_event(r: Sequence[Any]) -> Event | None:
         loads(request)
         if response is not None:
             loads(response)
-        if error is not None and type(loads(error)) is not dict:
+        if error is not None and error[:6] != REF_PREFIX and type(loads(error)) is not dict:
             return None
         meta = loads(metadata)
     except orjson.JSONDecodeError:

@@ -37,16 +37,19 @@ from replayable.store.cold import (
 )
 from replayable.store.crypto import ErasureRow, KeyRow, enable_encryption
 from replayable.store.payloads import (
+    REF_PREFIX,
     SUBJECT_KEY,
     BlobRow,
     NodeRow,
     PayloadTier,
     TierRows,
+    kept_runs,
     node_digest,
     run_space,
     space,
     split_space,
     subject_text,
+    tier_ref,
 )
 from replayable.store.rows import event_from_row, run_from_row
 
@@ -572,6 +575,17 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         *,
         durable: bool = False,
     ) -> None:
+        tier_rows = TierRows()
+        tier = self.tier
+        sealed_runs = tier.seal is not None and bool(starts or ends)
+        if sealed_runs:
+            # Encrypting: the run records' input, output and error go to the tier too.
+            given_starts, given_ends = starts, ends
+            tenants = self._tenants(
+                {s.run_id for s in starts} | {r.run_id for r in ends} | {e.run_id for e in events},
+                starts,
+            )
+            starts, ends = tier.seal_runs(self, starts, ends, tenants.__getitem__, tier_rows)
         run_rows = [
             (
                 s.run_id,
@@ -598,8 +612,6 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             for k, v in s.metadata.items()
             if not isinstance(v, (dict, list))
         ]
-        tier_rows = TierRows()
-        tier = self.tier
         known = self._site_ids
         new_sites = {
             site for e in events if (site := e.call_site) is not None and site not in known
@@ -609,7 +621,8 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         sites = known if not new_sites else None
         split: list[tuple[Event, str | None, str | None]] | None = None
         if tier.any_tiered(events):
-            tenants = self._tenants({e.run_id for e in events}, starts)
+            if not sealed_runs:
+                tenants = self._tenants({e.run_id for e in events}, starts)
             split = tier.split_events(self, events, tenants.__getitem__, tier_rows, pack=False)
             # Compressed while this thread builds and writes the event rows.
             packed = tier.pack_in_background(self, tier_rows)
@@ -618,6 +631,8 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             # No payload for the tier: the references NULL.
             events_head, event_width = _INLINE_EVENTS_HEAD, 20
             packed = _packed
+            if tier_rows.pending:  # the run records' values, with no event to wait for
+                tier.pack_in_background(self, tier_rows)
         event_rows = [] if sites is None else _event_rows(events, split, sites)
         end_rows = [
             (
@@ -655,7 +670,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                     c.execute(f"PRAGMA busy_timeout={busy}")
                     self._busy_ms = busy
                 c.execute("BEGIN IMMEDIATE")
-                if events_head is _EVENTS_HEAD:
+                if events_head is _EVENTS_HEAD or sealed_runs:
                     generation = _tier_generation(c)
                     if generation != self._tier_generation:
                         # Maintenance dropped blobs since this object last looked (here or
@@ -664,6 +679,10 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                         packed()
                         tier.forget_stored()
                         tier_rows = TierRows()
+                        if sealed_runs:
+                            tier.seal_runs(
+                                self, given_starts, given_ends, tenants.__getitem__, tier_rows
+                            )
                         tier.split_events(self, events, tenants.__getitem__, tier_rows)
                         packed = _packed
                         self._tier_generation = generation
@@ -760,7 +779,15 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         rows = self._query(self._select_runs() + " WHERE r.run_id = ?", (run_id,))
         if not rows:
             raise RunNotFoundError(f"no run {run_id!r} in {self.url}")
-        return run_from_row(rows[0])
+        return self._joined_runs([run_from_row(rows[0])])[0]
+
+    def _joined_runs(self, runs: list[Run]) -> list[Run]:
+        """Runs with the values the tier keeps put back (see ``PayloadTier.join_runs``)."""
+        kept = kept_runs(runs)
+        if not kept:
+            return runs
+        tenants = self._tenants(kept, ())
+        return self.tier.join_runs(self, runs, tenants.__getitem__)
 
     def _select_runs(self) -> str:
         return (
@@ -799,7 +826,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         if f.limit is not None:
             sql += " LIMIT ?"
             params.append(f.limit)
-        return [run_from_row(row) for row in self._query(sql, params)]
+        return self._joined_runs([run_from_row(row) for row in self._query(sql, params)])
 
     def events(self, run_id: str) -> list[Event]:
         cold = self._archived_one(run_id)
@@ -1025,14 +1052,27 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             try:
                 c.execute("BEGIN IMMEDIATE")
                 refs: dict[str, set[str]] = {}
+                # What hot rows reference: events' payloads and errors, and the run
+                # records' input, output and error (never archived: always hot).
+                kept = f"substr({{0}}, 1, {len(REF_PREFIX)}) = '{REF_PREFIX}'"
                 rows = c.execute(
-                    "SELECT run_id, request_ref, response_ref FROM events "
-                    "WHERE request_ref IS NOT NULL OR response_ref IS NOT NULL"
+                    "SELECT run_id, request_ref, response_ref, "
+                    f"CASE WHEN {kept.format('error')} THEN error END FROM events "
+                    "WHERE request_ref IS NOT NULL OR response_ref IS NOT NULL "
+                    f"OR {kept.format('error')}"
                 ).fetchall()
+                rows += c.execute(
+                    f"SELECT run_id, NULL, NULL, input FROM runs WHERE {kept.format('input')}"
+                ).fetchall()
+                for column in ("output", "error"):
+                    rows += c.execute(
+                        f"SELECT run_id, NULL, NULL, {column} FROM run_ends "
+                        f"WHERE {kept.format(column)}"
+                    ).fetchall()
                 spaces = self._tenants({r[0] for r in rows}, ())
-                for run_id, rq, rs in rows:
+                for run_id, rq, rs, held in rows:
                     mine = refs.setdefault(spaces[run_id], set())
-                    mine.update(r for r in (rq, rs) if r is not None)
+                    mine.update(r for r in (rq, rs, tier_ref(held)) if r is not None)
                 live_nodes, live_blobs = _live(c, refs)
                 c.execute(
                     "CREATE TEMP TABLE IF NOT EXISTS live_blobs (t, s, d, PRIMARY KEY (t, s, d))"
@@ -1091,7 +1131,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
     def _events(self, where: str, params: tuple[Any, ...]) -> list[Event]:
         rows = self._query(f"SELECT {_EVENT_SELECT} FROM events {where}", params)
         split = [(event_from_row(r[:20]), r[20], r[21]) for r in rows]
-        if all(rq is None and rs is None for _, rq, rs in split):
+        if not self.tier.needs_join(split):
             return [e for e, _, _ in split]
         tenants = self._tenants({e.run_id for e, _, _ in split}, ())
         return self.tier.join_events(self, split, tenants.__getitem__)

@@ -13,8 +13,8 @@ The file is JSON lines, readable and diffable in a repository::
 
 ``version`` is this layout's version; ``run_schema`` and ``event_schema`` the
 newest run-record and event-record schema the file may hold
-(:data:`~replayable.events.model.SCHEMA_VERSION`,
-:data:`~replayable.events.model.EVENT_SCHEMA_VERSION`; each record names its
+(:data:`~replayable.events.model.SEALED_SCHEMA_VERSION`,
+:data:`~replayable.events.model.SEALED_EVENT_VERSION`; each record names its
 own). A newer or unknown one is refused with a message naming it; an older
 layout is upgraded by the explicit functions in :data:`UPCASTERS`, one version
 at a time, never by guessing; older records are read as they are (the chain
@@ -43,8 +43,8 @@ from replayable.errors import FixtureError
 from replayable.events.canonical import event_hash, fingerprint, genesis_hash, run_seal
 from replayable.events.chain import parse_chain
 from replayable.events.model import (
-    EVENT_SCHEMA_VERSION,
-    SCHEMA_VERSION,
+    SEALED_EVENT_VERSION,
+    SEALED_SCHEMA_VERSION,
     Event,
     Run,
     RunEnd,
@@ -104,7 +104,7 @@ class Fixture:
         return {
             "format": FIXTURE_FORMAT,
             "version": FIXTURE_VERSION,
-            "run_schema": SCHEMA_VERSION,
+            "run_schema": max((s.schema_version for s in self.starts), default=1),
             "event_schema": max((e.schema_version for e in self.events), default=1),
             "written_by": f"replayable {__version__}",
             "root": self.root,
@@ -270,7 +270,16 @@ def sanitize_fixture(fx: Fixture, rules: SanitizeRules) -> Fixture:
         error = None if end.error is None else _text(san, f"{where} error", end.error)
         start = starts[end.run_id]
         head = heads.get(end.run_id, genesis_hash(end.run_id))
-        seal = run_seal(head, start, end.status, output, error, end.ended_at, end.event_count)
+        seal = run_seal(
+            head,
+            start,
+            end.status,
+            output,
+            error,
+            end.ended_at,
+            end.event_count,
+            version=end.schema_version,
+        )
         ends.append(
             msgspec.structs.replace(end, output=output, error=error, last_hash=seal, signature=None)
         )
@@ -402,7 +411,10 @@ def _upcast(
         version += 1
         header["version"] = version
     # Files of layout 1 written before run records had a schema of their own name one.
-    for key, newest in (("run_schema", SCHEMA_VERSION), ("event_schema", EVENT_SCHEMA_VERSION)):
+    for key, newest in (
+        ("run_schema", SEALED_SCHEMA_VERSION),
+        ("event_schema", SEALED_EVENT_VERSION),
+    ):
         schema = header.get(key, 1)
         if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
             raise FixtureError(f"{target}: {key} {schema!r} is not a version number")
@@ -425,18 +437,18 @@ def _build(target: Path, header: dict[str, Any], records: list[Any]) -> Fixture:
             if kind == "event":
                 body = {k: v for k, v in rec.items() if k not in ("record", "problems")}
                 event = msgspec.convert(body, Event)
-                if event.schema_version > EVENT_SCHEMA_VERSION:
+                if event.schema_version > SEALED_EVENT_VERSION:
                     raise FixtureError(
                         f"{target} line {n}: event schema version {event.schema_version}; "
-                        f"this replayable reads up to {EVENT_SCHEMA_VERSION}"
+                        f"this replayable reads up to {SEALED_EVENT_VERSION}"
                     )
                 events.append(event)
             elif kind == "run":
                 start = msgspec.convert(rec["start"], RunStart)
-                if start.schema_version > SCHEMA_VERSION:
+                if start.schema_version > SEALED_SCHEMA_VERSION:
                     raise FixtureError(
                         f"{target} line {n}: run schema version {start.schema_version}; "
-                        f"this replayable reads up to {SCHEMA_VERSION}"
+                        f"this replayable reads up to {SEALED_SCHEMA_VERSION}"
                     )
                 starts.append(start)
                 if rec.get("end") is not None:

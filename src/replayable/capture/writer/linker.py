@@ -36,7 +36,15 @@ from replayable.events.chain import (
     seal_message,
 )
 from replayable.events.codec import encode_request
-from replayable.events.model import EVENT_SCHEMA_VERSION, Event, RunEnd, RunStart
+from replayable.events.model import (
+    EVENT_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    SEALED_EVENT_VERSION,
+    SEALED_SCHEMA_VERSION,
+    Event,
+    RunEnd,
+    RunStart,
+)
 from replayable.events.redaction import Redactor
 from replayable.store.integrity import Integrity, anchor_entry, start_anchor_fields
 
@@ -148,6 +156,29 @@ class Linker:
         self._anchor_backlog: list[dict[str, Any]] = []
         self._anchor_failed = False
         self._store_id: str | None = None
+        #: Whether the store encrypts payloads (see ``_sealed``), once known.
+        self._seals: bool | None = None
+
+    def _sealed(self) -> bool:
+        """Whether the store encrypts payloads: its records are then written in the
+        formats that hash the values it encrypts by their sha256, so that they still
+        verify once erased. A store not reached yet (an outage at start) is not opened
+        for this: it will encrypt as the environment's data keys say."""
+        found = self._seals
+        if found is not None:
+            return found
+        store = self.store
+        if not getattr(store, "opened", True):
+            from replayable.store.crypto import data_keys_from_env
+
+            try:
+                wrapper = data_keys_from_env()
+            except Exception:
+                return False  # the store refuses the same setting when it opens
+            return wrapper is not None and wrapper.current_kek() is not None
+        tier = getattr(store, "tier", None)
+        found = self._seals = tier is not None and tier.seal is not None
+        return found
 
     def commit(self, chains: dict[str, Chain], ended: Iterable[str]) -> None:
         """Adopt the chain heads of a committed batch; forget runs that ended."""
@@ -295,6 +326,11 @@ class Linker:
                 req = redactor.redact_bytes(req)
                 resp = redactor.redact_bytes(resp)
             error = None if err is None else redactor.redact_bytes(err).decode()
+        hashed_error: str | None = error
+        version = EVENT_SCHEMA_VERSION
+        if self._sealed():
+            version = SEALED_EVENT_VERSION
+            hashed_error = None if error is None else _sha256(error.encode()).hexdigest()
         prefix = _PREFIXES.get((kind, name))
         if prefix is None:
             prefix = _prefix(kind, name)
@@ -316,19 +352,20 @@ class Linker:
                 key,
                 parent,
                 call_site,
-                # Version 2 events hash their payloads' sha256 (canonical.event_fields).
+                # Version 2 events hash their payloads' sha256 (canonical.event_fields),
+                # version 3 their error's too.
                 (_one_block if len(req) <= _ONE_BLOCK else _sha256)(req).hexdigest(),
                 fp,
                 None
                 if resp is None
                 else (_one_block if len(resp) <= _ONE_BLOCK else _sha256)(resp).hexdigest(),
                 encoding,
-                error,
+                hashed_error,
                 side_effect,
                 started_at,
                 duration_ns,
                 metadata,
-                EVENT_SCHEMA_VERSION,
+                version,
             ),
             option=_SORT,
         )
@@ -360,6 +397,7 @@ class Linker:
             index,
             prev,
             digest,
+            version,
         )
 
     def clean_events(self, pendings: list[PendingEvent]) -> bool:
@@ -408,6 +446,8 @@ class Linker:
             pass  # not JSON: the store refuses it with its own error
         if redacted != start.input or metadata is not start.metadata:
             start = msgspec.structs.replace(start, input=redacted, metadata=metadata)
+        if self._sealed() and start.schema_version < SEALED_SCHEMA_VERSION:
+            start = msgspec.structs.replace(start, schema_version=SEALED_SCHEMA_VERSION)
         key = self.integrity.current_key()
         if key is not None:
             start = msgspec.structs.replace(start, chain=chain_label(key, start))
@@ -424,7 +464,10 @@ class Linker:
         err = None if error is None else redact(error).decode()
         start = self.starts.get(run_id) or self.store.get_run(run_id).start
         key = chain.key
-        seal = seal_for(key, chain.head, start, status, out, err, ended_at, chain.count)
+        version = SEALED_SCHEMA_VERSION if self._sealed() else SCHEMA_VERSION
+        seal = seal_for(
+            key, chain.head, start, status, out, err, ended_at, chain.count, version=version
+        )
         self._queue_anchor("seal", run_id, key, start, count=chain.count, seal=seal)
         return RunEnd(
             run_id=run_id,
@@ -434,5 +477,6 @@ class Linker:
             ended_at=ended_at,
             event_count=chain.count,
             last_hash=seal,
+            schema_version=version,
             signature=None if key is None else key.sign(seal_message(run_id, seal)),
         )

@@ -393,6 +393,10 @@ class PostgresAudit:
         statement = f"SELECT {_FLAG_COLS} FROM anomaly_flags{where_sql(where)} ORDER BY position"
         return [from_row(AnomalyFlag, r) for r in self.query(statement, params)]
 
+    def _joined_runs(self, runs: list[Run]) -> list[Run]:
+        """Runs with the values the payload tier keeps put back (the store's own)."""
+        return runs
+
     def unscanned_runs(
         self,
         *,
@@ -411,7 +415,7 @@ class PostgresAudit:
             f"SELECT {_RUN_COLS} FROM runs r JOIN run_ends e ON e.run_id = r.run_id"
             f"{where_sql(where)} ORDER BY r.started_at, r.run_id LIMIT %s"
         )
-        return [run_from_row(r) for r in self.query(statement, [*params, limit])]
+        return self._joined_runs([run_from_row(r) for r in self.query(statement, [*params, limit])])
 
     def _scan_query(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """A read of the anomaly scan: a batch of runs (or a workflow's latest) looked up

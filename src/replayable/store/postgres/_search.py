@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Final
 
+from replayable.store.payloads import REF_PREFIX, tier_ref
 from replayable.store.postgres._store import _EVENT_ROW_COLS, DROPPED_EVENT, run_tags
 from replayable.store.search import POSTGRES, EventQuery, Predicate, SearchHit, SearchPage
 
@@ -145,6 +146,8 @@ def _search(store: PostgresStore, query: EventQuery, *, exclude_archived: bool) 
             # A payload in the blob tier is not in the JSONB column: such an event is a
             # candidate here and is tested in Python once its payload is joined.
             clause = f"(e.{predicate.side}_ref IS NOT NULL OR {clause})"
+        elif predicate.side == "error":
+            clause = f"(starts_with(e.error_text, '{REF_PREFIX}') OR {clause})"
         where.append(clause)
         params.extend(args)
     if exclude_archived:
@@ -197,7 +200,11 @@ def _search(store: PostgresStore, query: EventQuery, *, exclude_archived: bool) 
         (pairs_run, pairs_seq),
     )
     by_run: dict[str, list[Any]] = {}
-    tiered = {(row[0], row[1]) for row in rows if row[20] is not None or row[21] is not None}
+    tiered = {
+        (row[0], row[1])
+        for row in rows
+        if row[20] is not None or row[21] is not None or tier_ref(row[11]) is not None
+    }
     archived = store.archived_runs(run_ids)
     for event in store.joined([row for row in rows if row[0] not in archived]):
         if (event.run_id, event.seq) in tiered and not query.matches_event(event):

@@ -34,6 +34,7 @@ from replayable.store.payloads import (
     NodeRow,
     PayloadTier,
     TierRows,
+    kept_runs,
     space,
     split_space,
     subject_text,
@@ -273,6 +274,15 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
     ) -> None:
         if not (starts or events or ends):
             return
+        tier_rows = TierRows()
+        tier = self.tier
+        given_starts, given_ends = starts, ends
+        if tier.seal is not None and (starts or ends):
+            # Encrypting: the run records' input, output and error go to the tier too.
+            spaces = self._tier_tenants(
+                {s.run_id for s in starts} | {r.run_id for r in ends}, starts
+            )
+            starts, ends = tier.seal_runs(self, starts, ends, spaces.__getitem__, tier_rows)
         run_rows = [self._run_row(s) for s in starts]
         for e in events:
             if e.run_id not in self._run_info and not _is_uuid(e.run_id):
@@ -286,11 +296,14 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         # encoding every event again cost as much as a tenth of the batch's write.
         digest = hashlib.sha256(
             msgspec.msgpack.encode(
-                [self.tenant, starts, [(e.run_id, e.seq, e.hash) for e in events], ends]
+                [
+                    self.tenant,
+                    given_starts,
+                    [(e.run_id, e.seq, e.hash) for e in events],
+                    given_ends,
+                ]
             )
         ).hexdigest()
-        tier_rows = TierRows()
-        tier = self.tier
         split: list[tuple[Event, str | None, str | None]]
         packed: Callable[[], None] = _packed
         if tier.any_tiered(events):
@@ -300,6 +313,8 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
             packed = tier.pack_in_background(self, tier_rows)
         else:
             split = [(e, None, None) for e in events]
+        if tier_rows.pending:  # the run records' values, in a batch without events
+            tier.pack_in_background(self, tier_rows)()
         with self._write_lock:
             conn = self._conn(write=True)
             try:
@@ -789,7 +804,7 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
     def joined(self, rows: Sequence[Sequence[Any]]) -> list[Event]:
         """Events from rows of the event columns and the two references, payloads joined."""
         split = [(event_from_row(r[:20]), r[20], r[21]) for r in rows]
-        if all(rq is None and rs is None for _, rq, rs in split):
+        if not self.tier.needs_join(split):
             return [e for e, _, _ in split]
         tenants = self._tier_tenants({e.run_id for e, _, _ in split}, ())
         return self.tier.join_events(self, split, tenants.__getitem__)
@@ -827,13 +842,21 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         )
         if not rows:
             raise RunNotFoundError(f"no run {run_id!r} in {self.url}")
-        return run_from_row(rows[0])
+        return self._joined_runs([run_from_row(rows[0])])[0]
 
     def get_runs(self, run_ids: Sequence[str]) -> dict[str, Run]:
         """Several runs by id in one query (unknown ids are left out)."""
         valid = [r for r in run_ids if _is_uuid(r)]
         rows = self.query(_SELECT_RUNS + " WHERE r.run_id = ANY(%s::uuid[])", (valid,))
-        return {row[0]: run_from_row(row) for row in rows}
+        return {run.run_id: run for run in self._joined_runs([run_from_row(r) for r in rows])}
+
+    def _joined_runs(self, runs: list[Run]) -> list[Run]:
+        """Runs with the values the tier keeps put back (see ``PayloadTier.join_runs``)."""
+        kept = kept_runs(runs)
+        if not kept:
+            return runs
+        spaces = self._tier_tenants(kept, ())
+        return self.tier.join_runs(self, runs, spaces.__getitem__)
 
     def find_run_ids(self, prefix: str, limit: int = 6) -> list[str]:
         bounds = _uuid_bounds(prefix.lower())
@@ -877,7 +900,7 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         if f.limit is not None:
             sql += " LIMIT %s"
             params.append(f.limit)
-        return [run_from_row(row) for row in self.query(sql, params)]
+        return self._joined_runs([run_from_row(row) for row in self.query(sql, params)])
 
     def events(self, run_id: str) -> list[Event]:
         if not _is_uuid(run_id):
