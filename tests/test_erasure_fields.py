@@ -308,8 +308,9 @@ def test_postgres_erasure_leaves_no_trace_of_the_subject(pg_world: World) -> Non
 
 def test_sealed_record_formats_hash_the_digests_and_pin_their_vectors() -> None:
     """Version 3 events and version 2 run records (written where payloads are encrypted)
-    cover the sha256 of the error, input and output; the digest alone gives the same
-    hashes, and each differs from the older version's over the same fields."""
+    cover the sha256 of the error, the event metadata, the input and the output; the
+    digest alone gives the same hashes, and each differs from the older version's over
+    the same fields."""
     import hashlib
 
     import msgspec
@@ -323,13 +324,20 @@ def test_sealed_record_formats_hash_the_digests_and_pin_their_vectors() -> None:
     ev = msgspec.structs.replace(_event(genesis_hash(RUN), schema_version=3), error=error)
     assert event_fields(ev)[12] == digest
     h = event_hash(ev)
-    assert h == "b4f1d046f757a3ea89f1c50eb1eb9002011f055cfc9d05d280541f60c9e0700e"
-    gone = msgspec.structs.replace(ev, error=None, error_digest=digest)
+    assert h == "9211f49ad5f199aef6278bfd17b9286d4d85df1f8d76611930e2075da98e62d8"
+    assert event_fields(ev)[16] == hashlib.sha256(b"{}").hexdigest()  # the metadata's
+    gone = msgspec.structs.replace(
+        ev,
+        error=None,
+        error_digest=digest,
+        metadata={"gone": True},
+        metadata_digest=hashlib.sha256(b"{}").hexdigest(),
+    )
     assert event_hash(gone) == h
     assert event_hash(msgspec.structs.replace(ev, schema_version=2)) != h
     keyed = msgspec.structs.replace(ev, prev_hash="p")
     assert event_digest(KEY, keyed) == (
-        "c2371a600bbe0b6bfee5cbfa70de51866f7c97396f2e4e12ad7ac87d14aa0d45"
+        "f076b2edbb58695e6c8ff1ab7dedd009a8a804646c619ddcf9fb46c74de73eb9"
     )
 
     start = msgspec.structs.replace(START, schema_version=2)
@@ -342,7 +350,7 @@ def test_sealed_record_formats_hash_the_digests_and_pin_their_vectors() -> None:
     assert start_mac(KEY, shredded) == start_mac(KEY, start)
     output = '{"risk":"low"}'
     seal = run_seal(h, start, "completed", output, None, 1796129486.69, 1, version=2)
-    assert seal == "a61abec853859b7ee9a7a660b5a15961cf2a15aadf8703c832b372d44a8e7bde"
+    assert seal == "66108076c76ba24a306b4ca70c348ffa1b45691f0f3ea267c5bfd685c68d8e0e"
     out_digest = hashlib.sha256(output.encode()).hexdigest()
     assert seal == run_seal(
         h, shredded, "completed", '"erased"', None, 1796129486.69, 1, version=2,

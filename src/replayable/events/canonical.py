@@ -73,18 +73,21 @@ def event_fields(event: Event) -> tuple[Any, ...]:
     A version 2 event covers the sha256 of its request and response rather than
     their text: the hash commits to the same bytes, and still verifies when the
     payload itself is gone (erased by crypto-shredding, or not fetched from the archive).
-    A version 3 event (written where payloads are encrypted) covers its error record's
-    sha256 too.
+    A version 3 event (written where payloads are encrypted) covers the sha256 of its
+    error record and of its metadata's canonical JSON too (``error_digest`` and
+    ``metadata_digest`` stand in for them once they are gone).
     """
     request: str | None = event.request
     response = event.response
     error = event.error
+    metadata: Any = event.metadata
     version = event.schema_version
     if version >= 2:
         request = event.request_digest or payload_digest(event.request)
         response = covered(response, event.response_digest)
         if version >= 3:
             error = covered(error, event.error_digest)
+            metadata = event.metadata_digest or payload_digest(canonical(metadata))
     return (
         event.run_id,
         event.seq,
@@ -102,7 +105,7 @@ def event_fields(event: Event) -> tuple[Any, ...]:
         event.side_effect,
         event.started_at,
         event.duration_ns,
-        event.metadata,
+        metadata,
         event.schema_version,
     )
 

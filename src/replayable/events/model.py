@@ -39,7 +39,8 @@ SEALED_SCHEMA_VERSION: Final = 2
 #: version 1 keep their own hashing.
 EVENT_SCHEMA_VERSION: Final = 2
 #: Version of the events of a store that encrypts payloads: 3 also hashes the sha256 of
-#: the error record in place of its text (it is stored encrypted, like the payloads).
+#: the error record (stored encrypted, like the payloads) and of the metadata's
+#: canonical JSON in place of their text.
 SEALED_EVENT_VERSION: Final = 3
 
 #: The places where the outside world enters an agent. ``span`` groups events;
@@ -109,6 +110,9 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     response_digest: str | None = None
     #: The erased error record's sha256 (version 3 events hash it in the error's place).
     error_digest: str | None = None
+    #: The sha256 of the metadata's canonical JSON when it is gone (version 3 events hash
+    #: it in the metadata's place).
+    metadata_digest: str | None = None
 
     def request_value(self) -> Any:
         """The request as a JSON tree (redacted, as stored)."""

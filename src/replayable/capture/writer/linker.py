@@ -336,6 +336,9 @@ class Linker:
             prefix = _prefix(kind, name)
         fp = _sha256(prefix + req).hexdigest()
         metadata = self._metadata(meta) if meta else {}
+        hashed_meta: Any = metadata
+        if version >= SEALED_EVENT_VERSION:
+            hashed_meta = _sha256(canonical(metadata)).hexdigest()
         encoding = "tagged" if tagged else "json"
         chain = chains.get(run_id)
         if chain is None:
@@ -353,7 +356,7 @@ class Linker:
                 parent,
                 call_site,
                 # Version 2 events hash their payloads' sha256 (canonical.event_fields),
-                # version 3 their error's too.
+                # version 3 their error's and metadata's too.
                 (_one_block if len(req) <= _ONE_BLOCK else _sha256)(req).hexdigest(),
                 fp,
                 None
@@ -364,7 +367,7 @@ class Linker:
                 side_effect,
                 started_at,
                 duration_ns,
-                metadata,
+                hashed_meta,
                 version,
             ),
             option=_SORT,
