@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import replayable
 from replayable.cli import app
 from replayable.errors import FixtureError
-from replayable.events.model import EVENT_SCHEMA_VERSION, SCHEMA_VERSION
+from replayable.events.model import SEALED_EVENT_VERSION, SEALED_SCHEMA_VERSION
 from replayable.store import open_store, verify_run
 from replayable.store.integrity import Integrity
 from replayable.testing import (
@@ -186,12 +186,13 @@ def test_newer_unknown_and_malformed_fixtures_are_refused_with_a_clear_message(r
     with pytest.raises(FixtureError, match=r"fixture version 7, written by replayable 9\.0;.*up"):
         read_fixture(path)
     path.write_bytes(good)
-    newer = EVENT_SCHEMA_VERSION + 1
+    # Newer than the newest this replayable reads (the formats of encrypting stores).
+    newer = SEALED_EVENT_VERSION + 1
     _rewrite_header(path, event_schema=newer)
     with pytest.raises(FixtureError, match=f"event records are schema version {newer}; this"):
         read_fixture(path)
     path.write_bytes(good)
-    _rewrite_header(path, run_schema=SCHEMA_VERSION + 1)
+    _rewrite_header(path, run_schema=SEALED_SCHEMA_VERSION + 1)
     with pytest.raises(FixtureError, match=r"run records are schema version \d+; .*: upgrade"):
         read_fixture(path)
     path.write_bytes(good.replace(b'"schema_version":2', f'"schema_version":{newer}'.encode(), 1))
