@@ -72,9 +72,11 @@ def kek(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(ENV_DATA_KEY, "kek1:" + base64.b64encode(b"\x07" * 32).decode())
 
 
-def _record(store: EventStore, who: str, subject: str) -> tuple[str, str]:
+def _record(
+    store: EventStore, who: str, subject: str, durability: str = "durable"
+) -> tuple[str, str]:
     """A completed run and a failed one of ``subject``, both carrying ``who``."""
-    with replayable.recording(store, subject=subject, durability="durable") as rec:
+    with replayable.recording(store, subject=subject, durability=durability) as rec:  # type: ignore[arg-type]
         agent(who)
         with pytest.raises(RuntimeError):
             failing(who)
@@ -406,3 +408,27 @@ def test_keyed_chain_sealed_records_export_and_erase(
         with pytest.raises(FixtureError, match=failed):
             export_fixture(store, failed, tmp_path / "gone.replay")
     assert _sqlite_hits(path, MARK) == []
+
+
+def test_the_shared_writer_process_encrypts_as_the_opening_process_says(
+    tmp_path: Path, kek: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer process is shared by every store the agent's process opens; each store
+    is written with the data keys configured when it was opened, not those the writer
+    process was started with."""
+    from replayable.capture.writer.channel import current_channel
+
+    channel = current_channel()  # the writer process, started now with a data key
+    assert channel.ready.wait(60)
+    monkeypatch.delenv(ENV_DATA_KEY)
+    path = tmp_path / "b.db"
+    with SQLiteStore(path) as store:
+        # Buffered: through the writer process (a durable commit is the caller's own).
+        done, failed = _record(store, OTHER, "cust-2", durability="buffered")
+        _assert_readable(store, done, failed, OTHER)
+        assert store.get_run(done).start.schema_version == 1
+    with sqlite3.connect(path) as conn:
+        codecs = {r[0] for r in conn.execute("SELECT codec FROM payload_blobs")}
+        keys = conn.execute("SELECT count(*) FROM data_keys").fetchone()
+    assert all(c.endswith("/-") for c in codecs), codecs
+    assert keys == (0,)

@@ -59,6 +59,7 @@ __all__ = [
     "KeyRow",
     "KeyWrapper",
     "LocalWrapper",
+    "data_key_env",
     "data_keys_from_env",
     "enable_encryption",
 ]
@@ -335,12 +336,25 @@ class DataKeys:
         return len(new), current
 
 
-def enable_encryption(store: EventStore, wrapper: KeyWrapper | None = None) -> DataKeys:
+def data_key_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The data-key settings of the environment, to hand to the writer process (shared by
+    stores opened at different times, it takes them from the process that opened each)."""
+    env = os.environ if environ is None else environ
+    return {n: env[n] for n in (ENV_DATA_PROVIDER, ENV_DATA_KEY, ENV_DATA_KEYRING) if env.get(n)}
+
+
+def enable_encryption(
+    store: EventStore,
+    wrapper: KeyWrapper | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> DataKeys:
     """Encrypt ``store``'s new blobs (and read encrypted ones) with keys from ``wrapper``,
-    by default from the environment. With no KEK, blobs are written in clear and
-    encrypted ones still read if an old KEK opens their keys."""
+    by default from the environment (``environ``, else this process's). With no KEK,
+    blobs are written in clear and encrypted ones still read if an old KEK opens their
+    keys."""
     if wrapper is None:
-        wrapper = data_keys_from_env()
+        wrapper = data_keys_from_env(environ)
     keys = DataKeys(store, wrapper)
     tier = store.tier
     tier.open = keys.open

@@ -51,6 +51,9 @@ class LazyStore:
         self._store: EventStore | None = None
         self._lock = threading.Lock()
         self._hooks: list[Callable[[], None]] = []
+        #: The data-key settings the store is opened with (``None``: this process's), so
+        #: a writer knows whether it will encrypt before the store is reached.
+        self.data_env: dict[str, str] | None = None
 
     def __repr__(self) -> str:
         return f"<store {self.url}{'' if self._store is not None else ' (not open yet)'}>"

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -53,6 +53,9 @@ def _redactor(keys: list[str], patterns: list[str]) -> Redactor:
     return Redactor(keys=keys, value_patterns=patterns)
 
 
+if TYPE_CHECKING:
+    from replayable.store.base import EventStore
+
 _out_lock = threading.Lock()
 
 
@@ -67,7 +70,20 @@ def _say(text: str) -> None:
 
 
 def _open(sid: int, config: dict[str, Any]) -> tuple[Writer, LazyStore]:
-    store = LazyStore(config.get("open") or config["url"], shown=config["url"])
+    data_env: dict[str, str] | None = config.get("data_env")
+
+    def opener(url: str) -> EventStore:
+        from replayable.store import open_store
+        from replayable.store.crypto import enable_encryption
+
+        store = open_store(url)
+        if data_env is not None:
+            # The data keys of the process that opened the store, not this one's.
+            enable_encryption(store, environ=data_env)
+        return store
+
+    store = LazyStore(config.get("open") or config["url"], opener, shown=config["url"])
+    store.data_env = data_env
     writer = Writer(
         store,  # type: ignore[arg-type]
         redactor=_redactor(config["redact_keys"], config["redact_patterns"]),

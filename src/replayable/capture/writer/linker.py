@@ -172,7 +172,7 @@ class Linker:
             from replayable.store.crypto import data_keys_from_env
 
             try:
-                wrapper = data_keys_from_env()
+                wrapper = data_keys_from_env(getattr(store, "data_env", None))
             except Exception:
                 return False  # the store refuses the same setting when it opens
             return wrapper is not None and wrapper.current_kek() is not None

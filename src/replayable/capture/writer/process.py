@@ -42,6 +42,7 @@ from replayable.capture.writer.handoff import ENCODER as _ENCODER
 from replayable.capture.writer.handoff import apply, decode, plain
 from replayable.errors import StoreError
 from replayable.events.redaction import Redactor
+from replayable.store.crypto import data_key_env
 from replayable.store.integrity import Integrity, integrity_env
 
 if TYPE_CHECKING:
@@ -105,6 +106,8 @@ class ProcessWriter:
             # The credentials travel down the pipe, never in argv, a log or an error.
             "open": store.connect_url(),
             "integrity_env": self._integrity_env,
+            # And the data keys the store encrypts with, as this process sees them.
+            "data_env": data_key_env(),
             "redact_keys": sorted(redactor.keys),
             "redact_patterns": list(redactor.patterns),
             "max_block_s": max_block_s,
