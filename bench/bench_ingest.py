@@ -8,6 +8,8 @@ writer: redacted, fingerprinted, hash-chained) in batches of the writer's size.
 (c) a short recording: 2,000 trivial tool calls, the whole ``with`` block
 (final flush included) against the calls alone, median of several runs in a
 store the writer process has open already.
+(d) bytes on disk: a fresh store holding one recorded run of 10,000 trivial tool
+calls (``ping(i) -> i``), its file size after a checkpoint divided by the events.
 Baseline: raw ``sqlite3`` ``executemany`` of the same rows, one transaction
 per batch, into a plain table with the same columns.
 """
@@ -37,6 +39,7 @@ from replayable.store.rows import event_to_row
 from replayable.store.sqlite import SQLiteStore
 
 TARGET_EVENTS_PER_S = 50_000
+TARGET_BYTES_PER_EVENT = 300
 
 _COLUMNS = (
     "run_id",
@@ -128,6 +131,32 @@ def short_recordings(path: Path, n: int, repeats: int) -> tuple[list[float], lis
     return loops, totals
 
 
+def bytes_on_disk(path: Path, n: int) -> tuple[float, dict[str, float]]:
+    """Bytes per event of a fresh store holding one run of ``n`` trivial tool calls: the
+    whole file after a checkpoint (the write-ahead log emptied into it), divided by
+    ``n``; and per table and index, the pages each takes (``dbstat``), per event."""
+    store = SQLiteStore(path)
+    try:
+        with replayable.recording(store, durability="buffered"):
+            short_agent(n)
+    finally:
+        store.close()
+    conn = sqlite3.connect(str(path))
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        parts = {
+            str(name): int(size) / n
+            for name, size in conn.execute(
+                "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC"
+            )
+        }
+    finally:
+        conn.close()
+    wal = path.with_name(path.name + "-wal")
+    size = path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+    return size / n, parts
+
+
 def with_big_requests(events: Sequence[Event], request: bytes) -> list[Event]:
     """The same events carrying a larger request, fingerprinted and re-chained for real."""
     out: list[Event] = []
@@ -207,6 +236,8 @@ def run(cfg: Config) -> Section:
             e2e.append((calls_s, flush_s))
         n_short = 2000
         loops, totals = short_recordings(tmp / "short.db", n_short, cfg.pick(9, 3))
+        n_bytes = 10_000
+        per_event, disk_parts = bytes_on_disk(tmp / "bytes.db", n_bytes)
         e2e_rates = [n_e2e / (c + f) for c, f in e2e]
         e2e_rate = statistics.median(e2e_rates)
         calls_s, flush_s = min(e2e, key=lambda cf: abs(n_e2e / sum(cf) - e2e_rate))
@@ -299,8 +330,18 @@ def run(cfg: Config) -> Section:
         f"{loop_s / n_short * 1e6:.1f} µs/call in the loop; {short_ratio:.2f}x "
         f"(median of {len(loops)})",
     )
+    events_parts = sum(v for k, v in disk_parts.items() if "events" in k)
+    sec.row(
+        f"bytes on disk per trivial tool event, {n_bytes:,} events",
+        f"{per_event:.0f} B",
+        f"whole file after a checkpoint / events; the events table and its key "
+        f"{events_parts:.0f} B (dbstat)",
+    )
     sec.targets.append(
         Target("end-to-end ingest", e2e_rate, TARGET_EVENTS_PER_S, "events/s", op=">=")
+    )
+    sec.targets.append(
+        Target("bytes on disk per trivial tool event", per_event, TARGET_BYTES_PER_EVENT, "B")
     )
     sec.targets.append(
         Target(
@@ -319,6 +360,9 @@ def run(cfg: Config) -> Section:
         Target("store-level append", store_rate, TARGET_EVENTS_PER_S, "events/s", op=">=")
     )
     sec.data = {
+        "bytes_events": n_bytes,
+        "bytes_per_event": per_event,
+        "bytes_per_event_by_object": disk_parts,
         "short_calls": n_short,
         "short_loop_s": loops,
         "short_total_s": totals,
