@@ -60,6 +60,16 @@ def _compactor(
     return proc
 
 
+def _wait_for_depth(url: str, depth: float, seed: int, timeout: float = 60.0) -> None:
+    """Wait until the stream holds at most ``depth`` records (the compactors progressed)."""
+    deadline = time.monotonic() + timeout
+    while (left := stream_state(url)["depth"]) > depth:
+        assert time.monotonic() < deadline, (
+            f"the compactors stalled at {left} records, waiting for {depth:.0f} (seed {seed})"
+        )
+        time.sleep(0.01)
+
+
 def test_killed_compactors_store_every_record_once(
     stream_name: str, pg: PgServer, tmp_path: Path
 ) -> None:
@@ -77,12 +87,18 @@ def test_killed_compactors_store_every_record_once(
                 fed_agent(EVENTS)
     finally:
         store.close()
+    backlog = stream_state(url)["depth"]
+    assert backlog >= RUNS * EVENTS, backlog
     procs = {name: _compactor(source, sink, name) for name in ("a", "b")}
     kills = 0
     try:
-        time.sleep(0.3)  # both compactors connected and working
-        for _ in range(TRIALS):
-            time.sleep(rng.uniform(0.05, 0.3))
+        for trial in range(TRIALS):
+            # Kills are paced by the compactors' progress, not by the clock, so they land
+            # while there is work however fast or slow the machine is: the i-th kill comes
+            # once the backlog is down to (1 - (i+1)/(TRIALS+5)) of itself, at a random
+            # moment of a batch.
+            _wait_for_depth(url, backlog * (1 - (trial + 1) / (TRIALS + 5)), seed)
+            time.sleep(rng.uniform(0.0, 0.05))
             name = rng.choice(sorted(procs))
             procs[name].kill()  # SIGKILL
             procs[name].join()
