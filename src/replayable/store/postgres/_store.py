@@ -8,14 +8,22 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 import msgspec
 import orjson
 import psycopg
+from psycopg.types.string import BytesBinaryDumper
 
-from replayable.errors import ConfigurationError, RunNotFoundError, StoreError
+from replayable.errors import (
+    ConfigurationError,
+    RunNotFoundError,
+    StoreError,
+    StoreRefusedError,
+)
 from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._tier_sql import TierReads, blob_rows
 from replayable.store.base import EventStore, RunFilter, check_range, tag_value
@@ -69,6 +77,13 @@ _STAGE_COLS = (
     "metadata_text, chain_index, prev_hash, hash, schema_version, tenant, request_ref, "
     "response_ref"
 )
+#: The binary COPY's type of each staged column. A UUID travels as its 16 bytes, which
+#: is its binary form: dumped as ``bytea`` from bytes computed once per run.
+_STAGE_TYPES = (
+    "bytea", "bytea", "int4", "text", "text", "text", "int4", "text", "text", "text",
+    "text", "text", "text", "bool", "float8", "int8", "text", "int4", "text", "text",
+    "int4", "text", "text", "text",
+)  # fmt: skip
 _STAGE_TABLE = """
 CREATE TEMP TABLE IF NOT EXISTS replayable_stage_events (
     run_id UUID, parent_run_id UUID, sequence INTEGER, event_type TEXT, name TEXT, key TEXT,
@@ -90,6 +105,14 @@ _INSERT_END = (
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 _RUN_INFO_CACHE = 100_000
+#: A batch claims its digest first; a retried batch finds it taken and writes nothing.
+_CLAIM_BATCH = "INSERT INTO batches (tenant, digest) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+#: The same, buffered: ``synchronous_commit`` off for this transaction (``SET LOCAL``) in the
+#: same statement, so a buffered batch costs no round trip more than a durable one.
+_CLAIM_BATCH_BUFFERED = (
+    "INSERT INTO batches (tenant, digest) SELECT %s, %s "
+    "WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL ON CONFLICT DO NOTHING"
+)
 
 
 def _dumps(value: Any) -> str:
@@ -129,6 +152,64 @@ def run_tags(metadata: dict[str, Any]) -> list[str]:
         quoted = orjson.dumps(key).decode()
         tags.append(quoted if text is None else f"{quoted}={text}")
     return tags
+
+
+#: The integer columns of an event, all PostgreSQL ``INTEGER``.
+_INT4_FIELDS = ("seq", "parent", "chain_index", "schema_version")
+#: ``array("i")`` holds C ints, which are 32 bits wherever Python runs.
+assert array("i").itemsize == 4
+
+
+def _check_integers(events: Sequence[Event], seqs: list[int]) -> str | None:
+    """What is wrong with an integer of ``events`` PostgreSQL's INTEGER cannot hold, if any.
+
+    Binary COPY writes an ``int4`` by truncating the Python int (2**32 + 3 would be
+    stored as 3), so the range is checked before, a C-level pass per column.
+    """
+    try:
+        array("i", seqs)
+        array("i", [e.chain_index for e in events])
+        array("i", [p for e in events if (p := e.parent) is not None])
+        array("i", {e.schema_version for e in events})
+    except (TypeError, OverflowError) as exc:
+        for e in events:
+            for name in _INT4_FIELDS:
+                value = getattr(e, name)
+                if value is None and name == "parent":
+                    continue
+                if not isinstance(value, int) or not -(2**31) <= value < 2**31:
+                    return f"event {e.seq!r} of run {e.run_id}: {name} {value!r} is not an INTEGER"
+        return f"an integer PostgreSQL's INTEGER cannot hold ({exc})"
+    return None
+
+
+def _bad_value(e: Event | None, exc: BaseException) -> str:
+    """Which value of ``e`` binary COPY could not encode, for the refusal's message."""
+    if e is None:
+        return str(exc)
+    where = f"event {e.seq!r} of run {e.run_id}"
+    for name in (
+        *("kind", "name", "request", "fingerprint", "encoding", "prev_hash", "hash"),
+        *("key", "call_site", "response", "error"),
+    ):
+        value = getattr(e, name)
+        if value is None and name in ("key", "call_site", "response", "error"):
+            continue
+        if not isinstance(value, str):
+            return f"{where}: {name} is {type(value).__name__}, not text"
+        try:
+            value.encode()
+        except UnicodeEncodeError as bad:
+            return f"{where}: {name} is not UTF-8 text ({bad.reason} at {bad.start})"
+    if not isinstance(e.started_at, int | float):
+        return f"{where}: started_at {e.started_at!r} is not a number"
+    if type(e.duration_ns) is not int or not -(2**63) <= e.duration_ns < 2**63:
+        return f"{where}: duration_ns {e.duration_ns!r} is not a BIGINT"
+    try:
+        _dumps(e.metadata)
+    except TypeError as bad:
+        return f"{where}: metadata is not JSON ({bad})"
+    return f"{where}: {exc}"
 
 
 class PostgresStore(PostgresAudit, TierReads, EventStore):
@@ -284,9 +365,10 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
             )
             starts, ends = tier.seal_runs(self, starts, ends, spaces.__getitem__, tier_rows)
         run_rows = [self._run_row(s) for s in starts]
-        for e in events:
-            if e.run_id not in self._run_info and not _is_uuid(e.run_id):
-                raise ConfigurationError(f"event run id {e.run_id!r} is not a UUID")
+        run_ids = {e.run_id for e in events}
+        for run_id in run_ids - self._run_info.keys():
+            if not _is_uuid(run_id):
+                raise ConfigurationError(f"event run id {run_id!r} is not a UUID")
         for end in ends:
             if not _is_uuid(end.run_id):
                 raise ConfigurationError(f"end record run id {end.run_id!r} is not a UUID")
@@ -294,36 +376,42 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         # through but was never acknowledged is found in ``batches`` and skipped.
         # An event stands in it by its key and its hash, which covers its content:
         # encoding every event again cost as much as a tenth of the batch's write.
-        digest = hashlib.sha256(
+        # Flat lists rather than a tuple per event, and BLAKE2b, which hashes them in
+        # half sha256's time here (the digest is a key, the chain's hashes stay sha256).
+        seqs = [e.seq for e in events]
+        digest = hashlib.blake2b(
             msgspec.msgpack.encode(
                 [
                     self.tenant,
                     given_starts,
-                    [(e.run_id, e.seq, e.hash) for e in events],
+                    [e.run_id for e in events],
+                    seqs,
+                    [e.hash for e in events],
                     given_ends,
                 ]
-            )
+            ),
+            digest_size=32,
         ).hexdigest()
-        split: list[tuple[Event, str | None, str | None]]
+        problem = _check_integers(events, seqs)
+        if problem is not None:
+            raise StoreRefusedError(f"writing a batch in {self.url} failed: {problem}")
+        split: Iterable[tuple[Event, str | None, str | None]]
         packed: Callable[[], None] = _packed
         if tier.any_tiered(events):
-            tenants = self._tier_tenants({e.run_id for e in events}, starts)
+            tenants = self._tier_tenants(run_ids, starts)
             split = tier.split_events(self, events, tenants.__getitem__, tier_rows, pack=False)
             # Compressed while this thread sends the event rows; the blobs follow them.
             packed = tier.pack_in_background(self, tier_rows)
         else:
-            split = [(e, None, None) for e in events]
+            split = zip(events, repeat(None), repeat(None))
         if tier_rows.pending:  # the run records' values, in a batch without events
             tier.pack_in_background(self, tier_rows)()
         with self._write_lock:
             conn = self._conn(write=True)
             try:
                 with conn.transaction():
-                    if not durable:
-                        conn.execute("SET LOCAL synchronous_commit = off")
                     cur = conn.execute(
-                        "INSERT INTO batches (tenant, digest) VALUES (%s, %s) "
-                        "ON CONFLICT DO NOTHING",
+                        _CLAIM_BATCH if durable else _CLAIM_BATCH_BUFFERED,
                         (self._batch_tenant(starts, events, ends), digest),
                     )
                     if cur.rowcount == 0:
@@ -333,7 +421,7 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
                         if run_rows:
                             c.executemany(_INSERT_RUN, run_rows)
                         if events:
-                            self._copy_events(conn, c, starts, split)
+                            self._copy_events(conn, c, starts, split, run_ids)
                         # Left running if a statement fails: it only fills this batch's rows.
                         packed()
                         if tier_rows:
@@ -425,12 +513,14 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         conn: psycopg.Connection[tuple[Any, ...]],
         cur: psycopg.Cursor[tuple[Any, ...]],
         starts: Sequence[RunStart],
-        events: Sequence[tuple[Event, str | None, str | None]],
+        events: Iterable[tuple[Event, str | None, str | None]],
+        run_ids: set[str],
     ) -> None:
-        info = dict(self._run_info)
-        for s in starts:
-            info[s.run_id] = (self._access_tenant(s), s.parent_run_id)
-        unknown = list({e.run_id for e, _, _ in events if e.run_id not in info})
+        info = self._run_info
+        batch: dict[str, tuple[str | None, str | None]] = {
+            s.run_id: (self._access_tenant(s), s.parent_run_id) for s in starts
+        }
+        unknown = list(run_ids - batch.keys() - info.keys())
         if unknown:
             found = cur.execute(
                 "SELECT run_id::text, tenant, parent_run_id::text FROM runs "
@@ -438,7 +528,7 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
                 (unknown,),
             ).fetchall()
             for run_id, tenant, parent in found:
-                info[run_id] = (tenant, parent)
+                batch[run_id] = (tenant, parent)
                 self._remember(run_id, tenant, parent)
             hidden = sorted(set(unknown) - {row[0] for row in found})
             if hidden and self.tenant is not None:
@@ -447,48 +537,70 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
                     f"{self.url} has no run {hidden[0]} for tenant {self.tenant!r}; "
                     "a run's start record must be written before its events"
                 )
-        if self._direct is None:
+        # Per run, once: its id and parent as the 16 bytes binary COPY sends, its tenant.
+        runs: dict[str, tuple[bytes, bytes | None, str | None]] = {}
+        for run_id in run_ids:
+            tenant, parent_run = batch.get(run_id) or info.get(run_id) or (self.tenant, None)
+            runs[run_id] = (
+                uuid.UUID(run_id).bytes,
+                None if parent_run is None else uuid.UUID(parent_run).bytes,
+                tenant,
+            )
+        if self._direct is None:  # once per connection
             row = conn.execute("SELECT row_security_active('agent_execution_events')").fetchone()
             self._direct = not (row and row[0])
+            # The binary dumper found by the bytea oid is psycopg's DB-API one, written in
+            # Python; the plain one is compiled, and a Python call per row cost a tenth.
+            conn.adapters.register_dumper(bytes, BytesBinaryDumper)
         if not self._direct and not self._staged:
             conn.execute(_STAGE_TABLE)
             self._staged = True
-        missing = (self.tenant, None)
         # COPY cannot write through row-level security, so for a role the policies
         # apply to, rows land in a temporary table and INSERT … SELECT checks them.
         table = "agent_execution_events" if self._direct else "replayable_stage_events"
-        with cur.copy(f"COPY {table} ({_STAGE_COLS}) FROM STDIN") as copy:
+        with cur.copy(f"COPY {table} ({_STAGE_COLS}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(_STAGE_TYPES)
             write = copy.write_row
-            for e, request_ref, response_ref in events:
-                tenant, parent_run = info.get(e.run_id, missing)
-                write(
-                    (
-                        e.run_id,
-                        parent_run,
-                        e.seq,
-                        e.kind,
-                        e.name,
-                        e.key,
-                        e.parent,
-                        e.call_site,
-                        e.request,
-                        e.fingerprint,
-                        e.response,
-                        e.encoding,
-                        e.error,
-                        e.side_effect,
-                        e.started_at,
-                        e.duration_ns,
-                        _dumps(e.metadata),
-                        e.chain_index,
-                        e.prev_hash,
-                        e.hash,
-                        e.schema_version,
-                        tenant,
-                        request_ref,
-                        response_ref,
+            dumps = _dumps
+            e: Event | None = None
+            try:
+                for e, request_ref, response_ref in events:
+                    run_key, parent_key, tenant = runs[e.run_id]
+                    metadata = e.metadata
+                    write(
+                        (
+                            run_key,
+                            parent_key,
+                            e.seq,
+                            e.kind,
+                            e.name,
+                            e.key,
+                            e.parent,
+                            e.call_site,
+                            e.request,
+                            e.fingerprint,
+                            e.response,
+                            e.encoding,
+                            e.error,
+                            e.side_effect,
+                            e.started_at,
+                            e.duration_ns,
+                            dumps(metadata) if metadata or type(metadata) is not dict else "{}",
+                            e.chain_index,
+                            e.prev_hash,
+                            e.hash,
+                            e.schema_version,
+                            tenant,
+                            request_ref,
+                            response_ref,
+                        )
                     )
-                )
+            except (TypeError, ValueError, OverflowError) as exc:
+                # A value binary COPY cannot encode (a text that is not one, a surrogate,
+                # a number too large): the batch is refused, naming the event.
+                raise StoreRefusedError(
+                    f"writing a batch in {self.url} failed: {_bad_value(e, exc)}"
+                ) from exc
         if not self._direct:
             cur.execute(
                 f"INSERT INTO agent_execution_events ({_STAGE_COLS}) "
