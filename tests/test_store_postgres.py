@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterator
 
@@ -17,6 +18,7 @@ from replayable.errors import (
     RunNotFoundError,
     SchemaVersionError,
     StoreError,
+    StoreRefusedError,
 )
 from replayable.events.canonical import event_hash, genesis_hash
 from replayable.events.model import Event
@@ -306,6 +308,40 @@ def test_buffered_and_durable_both_visible_to_other_connections(
         assert len(other.events(b)) == 3
     finally:
         other.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"seq": 2**32 + 2}, "seq 4294967298 is not an INTEGER"),
+        ({"seq": -(2**31) - 1}, "seq -2147483649 is not an INTEGER"),
+        ({"parent": 2**31}, "parent 2147483648 is not an INTEGER"),
+        ({"chain_index": 2**40}, "chain_index 1099511627776 is not an INTEGER"),
+        ({"schema_version": 2**33}, "schema_version 8589934592 is not an INTEGER"),
+        ({"seq": "2"}, "seq '2' is not an INTEGER"),
+        ({"duration_ns": 2**64}, "duration_ns 18446744073709551616 is not a BIGINT"),
+        ({"name": 7}, "name is int, not text"),
+        ({"request": '"\ud800"'}, "request is not UTF-8 text"),
+        ({"started_at": "noon"}, "started_at 'noon' is not a number"),
+        ({"metadata": {"s": {1}}}, "metadata is not JSON"),
+    ],
+)
+def test_a_value_the_columns_cannot_hold_is_refused_naming_it(
+    owner: PostgresStore, change: dict[str, object], named: str
+) -> None:
+    """Binary COPY would store 2**32 + 2 as 2 (psycopg truncates an int4): an integer out
+    of range, or a value of the wrong type, refuses the batch naming the event and the
+    field, and nothing of the batch is stored."""
+    rid = new_id(1)
+    owner.append([make_start(rid)], durable=True)
+    events = make_events(rid, 3)
+    bad = msgspec.structs.replace(events[1], **change)
+    with pytest.raises(StoreRefusedError, match=re.escape(named)) as caught:
+        owner.append([], [events[0], bad, events[2]], durable=True)
+    assert f"of run {rid}" in str(caught.value)
+    assert owner.events(rid) == []
+    owner.append([], events, durable=True)
+    assert owner.events(rid) == events
 
 
 def test_non_uuid_run_id_refused(owner: PostgresStore) -> None:
