@@ -326,19 +326,20 @@ class Linker:
                 req = redactor.redact_bytes(req)
                 resp = redactor.redact_bytes(resp)
             error = None if err is None else redactor.redact_bytes(err).decode()
-        hashed_error: str | None = error
-        version = EVENT_SCHEMA_VERSION
-        if self._sealed():
-            version = SEALED_EVENT_VERSION
-            hashed_error = None if error is None else _sha256(error.encode()).hexdigest()
         prefix = _PREFIXES.get((kind, name))
         if prefix is None:
             prefix = _prefix(kind, name)
         fp = _sha256(prefix + req).hexdigest()
         metadata = self._metadata(meta) if meta else {}
-        hashed_meta: Any = metadata
-        if version >= SEALED_EVENT_VERSION:
-            hashed_meta = _sha256(canonical(metadata)).hexdigest()
+        sealed = self._seals
+        if sealed is None:
+            sealed = self._sealed()
+        if sealed:
+            version = SEALED_EVENT_VERSION
+            hashed_error = None if error is None else _sha256(error.encode()).hexdigest()
+            hashed_meta: Any = _sha256(canonical(metadata)).hexdigest()
+        else:
+            version, hashed_error, hashed_meta = EVENT_SCHEMA_VERSION, error, metadata
         encoding = "tagged" if tagged else "json"
         chain = chains.get(run_id)
         if chain is None:
