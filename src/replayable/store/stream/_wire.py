@@ -26,6 +26,7 @@ from replayable.events.model import Event, RunEnd, RunStart
 __all__ = [
     "BLOB_TOKEN",
     "decode",
+    "decode_event",
     "encode",
     "message_id",
     "run_filter",
@@ -41,6 +42,8 @@ _DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
     ord("x"): msgspec.msgpack.Decoder(RunEnd),
     ord("b"): msgspec.msgpack.Decoder(tuple[str, bytes]),
 }
+#: An event's body after its kind letter, into the Event type only.
+decode_event: Final = _DECODERS[ord("e")].decode
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 #: Longest tenant or workflow token kept whole in a subject.
 _TOKEN_MAX: Final = 64
