@@ -28,6 +28,7 @@ import asyncio
 import gc
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +56,8 @@ ACK_WAIT_S: Final = 30.0
 RETRY_DELAY_S: Final = 0.5
 #: Run ids a compactor remembers as started in the sink (cleared when full).
 _KNOWN_CAP: Final = 200_000
+#: The control line of a delivery: ``HMSG <subject> <sid> <reply> <header bytes> <bytes>``.
+_DELIVERY: Final = re.compile(rb"HMSG ([^ \r\n]+) [^ \r\n]+ ([^ \r\n]+) (\d+) (\d+)\r\n")
 #: Seconds between reports to the status bucket.
 REPORT_EVERY_S: Final = 2.0
 
@@ -749,33 +752,51 @@ class _RawPuller(_Puller):
         """Handle every whole frame in ``buf``; what is left of an incomplete one."""
         pos = 0
         find = buf.find
-        while True:
-            end = find(b"\r\n", pos)
-            if end < 0:
-                return buf[pos:]
-            op = buf[pos : pos + 4]
-            if op == b"MSG " or op == b"HMSG":
-                parts = buf[pos:end].split(b" ")
-                total = int(parts[-1])
-                headers = int(parts[-2]) if op == b"HMSG" else 0
-                body = end + 2
-                if len(buf) < body + total + 2:
+        delivery = _DELIVERY.match
+        got = self.got
+        try:
+            while True:
+                # A delivery (headers and a reply subject), nearly every frame: its
+                # control line read in one match; anything else the general way below.
+                m = delivery(buf, pos)
+                if m is not None:
+                    subject, reply, headers, total = m.groups()
+                    body = m.end()
+                    stop = body + int(total)
+                    if len(buf) < stop + 2:
+                        return buf[pos:]
+                    got.append(_Delivery(subject, reply, buf[body + int(headers) : stop]))
+                    pos = stop + 2
+                    continue
+                end = find(b"\r\n", pos)
+                if end < 0:
                     return buf[pos:]
-                reply = parts[3] if len(parts) == (6 if op == b"HMSG" else 5) else b""
-                self._on_frame(parts[1], reply, buf[body + headers : body + total])
-                pos = body + total + 2
-                continue
-            if op == b"PING":
-                assert self._writer is not None
-                self._writer.write(b"PONG\r\n")
-            elif op == b"PONG":
-                if self._pongs:
-                    pong = self._pongs.pop(0)
-                    if not pong.done():
-                        pong.set_result(None)
-            elif op == b"-ERR":
-                log.warning("replayable: compactor: NATS said %s", buf[pos:end].decode())
-            pos = end + 2
+                op = buf[pos : pos + 4]
+                if op == b"MSG " or op == b"HMSG":
+                    parts = buf[pos:end].split(b" ")
+                    total = int(parts[-1])
+                    headers = int(parts[-2]) if op == b"HMSG" else 0
+                    body = end + 2
+                    if len(buf) < body + total + 2:
+                        return buf[pos:]
+                    reply = parts[3] if len(parts) == (6 if op == b"HMSG" else 5) else b""
+                    self._on_frame(parts[1], reply, buf[body + headers : body + total])
+                    pos = body + total + 2
+                    continue
+                if op == b"PING":
+                    assert self._writer is not None
+                    self._writer.write(b"PONG\r\n")
+                elif op == b"PONG":
+                    if self._pongs:
+                        pong = self._pongs.pop(0)
+                        if not pong.done():
+                            pong.set_result(None)
+                elif op == b"-ERR":
+                    log.warning("replayable: compactor: NATS said %s", buf[pos:end].decode())
+                pos = end + 2
+        finally:
+            if got is self.got and len(got) >= self.want:
+                self.answered.set()
 
     def _on_frame(self, subject: bytes, reply: bytes, data: bytes) -> None:
         if reply:  # a delivery (subject and reply stay bytes: the ack is written back)
