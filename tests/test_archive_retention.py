@@ -7,6 +7,7 @@ import base64
 import secrets
 import shutil
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -216,7 +217,7 @@ def test_archive_drops_hot_payloads_and_reads_back_from_the_archive(
     assert backend.hot_payloads(old) == 6
     report = archive(backend.maint, str(tmp_path / "arch"), older_than=30 * 86_400.0, part_runs=2)
     assert (report.runs, report.parts, report.dropped) == (3, 2, 6)
-    assert report.blobs_kept == (backend.name == "postgres")  # no blob drop there yet
+    assert not report.blobs_kept  # every backend deletes the blobs only archived runs used
     assert backend.hot_payloads(old) == 0
     assert backend.hot_payloads([hot]) == 2
     for store in (backend.writer, backend.maint):
@@ -310,6 +311,115 @@ def test_postgres_append_only_still_refuses_everyone_but_the_procedure(
             "'{}'::text[])"
         )
     assert world.hot_payloads([hot]) == 2
+
+
+def _tier_counts(world: PgWorld) -> tuple[int, int]:
+    with world.conn() as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM payload_blobs), (SELECT count(*) FROM payload_nodes)"
+        ).fetchone()
+    assert row is not None
+    return int(str(row[0])), int(str(row[1]))
+
+
+def test_postgres_drops_the_blob_rows_only_archived_runs_use(
+    pg: PgServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On PostgreSQL the archive deletes the blob and node rows only archived runs used:
+    the rows a hot run needs (its own and the prompt every run shares) are all that is
+    left, the hot run reads whole, the archived runs read and verify from the archive;
+    a second writer that cached an archived run's blobs as stored sends them again with
+    its next batch after the drop; the writer login cannot call the procedure and
+    UPDATE or DELETE on the tier's tables stays refused."""
+    world = _pg_world(pg, monkeypatch)
+    with PostgresStore(pg.url(world.schema, user=world.writer)) as w:
+        hot = _record(w, 4, started_at=NOW)
+        hot_only = _tier_counts(world)
+        old = [_record(w, n, started_at=OLD) for n in (1, 2)]
+    second = PostgresStore(pg.url(world.schema, user=world.writer))
+    try:
+        old.append(_record(second, 3, started_at=OLD))  # caches run 3's blobs as stored
+        with_old = _tier_counts(world)
+        assert with_old[0] > hot_only[0]
+        assert with_old[1] > hot_only[1]
+        with PostgresStore(pg.url(world.schema, user=world.owner)) as owner:
+            before = {rid: owner.events(rid) for rid in [*old, hot]}
+        with PostgresStore(pg.url(world.schema, user=world.maint)) as m:
+            report = archive(m, str(tmp_path / "arch"), older_than=30 * 86_400.0)
+            assert not report.blobs_kept
+            assert (report.blobs_dropped, report.nodes_dropped) == (
+                with_old[0] - hot_only[0],
+                with_old[1] - hot_only[1],
+            )
+            assert _tier_counts(world) == hot_only
+            assert m.drop_archived_blobs() == (0, 0)  # nothing more to drop
+            for rid, events in before.items():
+                _same(m.events(rid), events)
+                assert verify_run(m, rid).ok, verify_run(m, rid).message
+        # Run 3's request again, in a new run of the writer that had it stored.
+        rid = new_id(3_001)
+        big = canonical(
+            {"doc": f"{DOC} of run 3", "n": 3, "system": SHARED, "jurisdiction": "GB-3"}
+        )
+        events = payload_events(rid, [(big, None)])
+        start = make_start(rid, started_at=NOW)
+        second.append([start], events, [make_end(rid, events, start=start)])
+        assert _tier_counts(world)[0] > hot_only[0]
+        with PostgresStore(pg.url(world.schema, user=world.writer)) as fresh:
+            _same(fresh.events(rid), events)
+            assert verify_run(fresh, rid).ok, verify_run(fresh, rid).message
+            _same(fresh.events(hot), before[hot])
+    finally:
+        second.close()
+    with world.conn(world.writer) as conn, pytest.raises(psycopg.Error, match="permission"):
+        conn.execute("SELECT drop_archived_blobs()")
+    statements = [
+        "DELETE FROM payload_blobs",
+        "DELETE FROM payload_nodes",
+        "UPDATE payload_blobs SET data = ''::bytea",
+        "DELETE FROM blob_drops",
+        "UPDATE blob_drops SET blobs = 0",
+    ]
+    for login in (world.writer, world.maint, world.owner):
+        for statement in statements:
+            with world.conn(login) as conn, pytest.raises(psycopg.Error) as caught:
+                conn.execute(statement)
+            assert "append-only" in str(caught.value) or "permission denied" in str(caught.value), (
+                login,
+                statement,
+            )
+    with world.conn() as conn:
+        drops = conn.execute("SELECT dropped_by, blobs, nodes FROM blob_drops").fetchall()
+    assert drops == [(world.maint, report.blobs_dropped, report.nodes_dropped)]
+    assert _tier_counts(world)[0] > hot_only[0]
+
+
+def test_postgres_blob_drop_waits_for_a_batch_being_written(
+    pg: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that may reference stored blobs holds the drop lock from its generation
+    check to its commit: a drop started meanwhile waits for it, and the batch after the
+    drop reads the new generation."""
+    world = _pg_world(pg, monkeypatch)
+    with world.conn(world.writer) as writer, world.conn(world.maint) as maint:
+        writer.execute("BEGIN")
+        row = writer.execute("SELECT tier_generation()").fetchone()
+        assert row is not None
+        assert row[0] == 0
+        done = threading.Event()
+
+        def drop() -> None:
+            maint.execute("SELECT drop_archived_blobs()")
+            done.set()
+
+        thread = threading.Thread(target=drop)
+        thread.start()
+        try:
+            assert not done.wait(1.0)  # the drop waits for the batch's commit
+        finally:
+            writer.execute("COMMIT")
+            thread.join(30)
+        assert done.is_set()
 
 
 # -- 2. the archive command: verified write, killed mid-way ---------------------------------

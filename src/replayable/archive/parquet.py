@@ -150,7 +150,7 @@ class ArchiveReport:
     dropped: int = 0
     blobs_dropped: int = 0
     nodes_dropped: int = 0
-    #: The store keeps blob rows (PostgreSQL): only references and inline text were dropped.
+    #: The store has no blob drop: only references and inline text were dropped.
     blobs_kept: bool = False
     seconds: float = 0.0
     urls: list[str] = field(default_factory=list)

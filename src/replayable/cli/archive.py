@@ -87,12 +87,8 @@ def archive(
     hot = (
         "hot payloads kept (--keep-hot)"
         if keep_hot
-        else f"hot payloads dropped for {report.dropped} event(s), "
-        + (
-            "blob rows kept (this store has no blob drop yet)"
-            if report.blobs_kept
-            else f"{report.blobs_dropped} blob(s) deleted"
-        )
+        else f"hot payloads dropped for {report.dropped} event(s)"
+        + ("" if report.blobs_kept else f", {report.blobs_dropped} blob(s) deleted")
     )
     out.print(
         f"archived {report.runs} run(s), {report.events} event(s) in {report.parts} part(s) "

@@ -29,6 +29,7 @@ from replayable.store.postgres._audit import grant_audit
 from replayable.store.postgres._schema import (
     APPEND_ONLY_TABLES,
     ARCHIVE_TABLES,
+    DROP_TABLES,
     LOG_TABLES,
     PURGE_TABLES,
     TIER_TABLES,
@@ -43,6 +44,7 @@ MAINTENANCE_PROCEDURES = (
     "erase_data_keys(TEXT, TEXT, DOUBLE PRECISION)",
     "drop_archived_payloads(UUID[])",
     "record_archive_purge(TEXT, DOUBLE PRECISION, UUID[], INTEGER[], TEXT[], TEXT[])",
+    "drop_archived_blobs()",
 )
 
 
@@ -126,6 +128,7 @@ def init_roles(
             *TIER_TABLES,
             *ARCHIVE_TABLES,
             *PURGE_TABLES,
+            *DROP_TABLES,
             "schema_version",
             "store_info",
             "tenant_members",
@@ -141,8 +144,11 @@ def init_roles(
             sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(s, readers),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, everyone),
             sql.SQL("GRANT SELECT ON {} TO {}").format(
-                tables((*LOG_TABLES, *TIER_TABLES, *ARCHIVE_TABLES, *PURGE_TABLES)), everyone
+                tables((*LOG_TABLES, *TIER_TABLES, *ARCHIVE_TABLES, *PURGE_TABLES, *DROP_TABLES)),
+                everyone,
             ),
+            # Blob drops are the steward's to record (through drop_archived_blobs).
+            sql.SQL("GRANT INSERT ON {} TO {}").format(tables(DROP_TABLES), st),
             # Purge records are the steward's to write (through record_archive_purge).
             sql.SQL("GRANT INSERT ON {} TO {}").format(tables(PURGE_TABLES), st),
             # The archiver runs as the maintenance login: it plans and indexes parts.

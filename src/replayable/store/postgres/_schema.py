@@ -438,6 +438,121 @@ def _purge_migration() -> list[str]:
     return out
 
 
+#: Blob drops (migration 9): one row per drop of blobs only archived runs used; the
+#: newest ``drop_id`` is the generation writers compare with what they cached as stored.
+DROP_TABLES: Final = ("blob_drops",)
+
+# Writers hold this advisory lock shared from the generation check to their commit, the
+# blob drop holds it exclusive: a drop never runs while a batch that may reference
+# blobs is being written, and a batch after a drop sees its generation.
+_DROP_LOCK = "pg_advisory_xact_lock{shared}(1919250540, hashtext('{{s}}'))"
+
+# Every (tenant, digest) of a node or blob a hot row references: events' payloads and
+# errors, and the run records' input, output and error. By tenant, not by key space:
+# a digest another subject of the tenant uses is kept too (more than needed, never less).
+_LIVE = """
+    WITH RECURSIVE refs(tenant, ref) AS (
+        SELECT COALESCE(e.tenant, ''), e.request_ref FROM {s}.agent_execution_events e
+         WHERE e.request_ref IS NOT NULL
+        UNION ALL
+        SELECT COALESCE(e.tenant, ''), e.response_ref FROM {s}.agent_execution_events e
+         WHERE e.response_ref IS NOT NULL
+        UNION ALL
+        SELECT COALESCE(e.tenant, ''), substr(e.error_text, 7) FROM {s}.agent_execution_events e
+         WHERE left(e.error_text, 6) = '@tier:'
+        UNION ALL
+        SELECT COALESCE(r.tenant, ''), substr(r.input_text, 7) FROM {s}.runs r
+         WHERE left(r.input_text, 6) = '@tier:'
+        UNION ALL
+        SELECT COALESCE(r.tenant, ''), substr(r.output_text, 7) FROM {s}.run_ends r
+         WHERE left(r.output_text, 6) = '@tier:'
+        UNION ALL
+        SELECT COALESCE(r.tenant, ''), substr(r.error_text, 7) FROM {s}.run_ends r
+         WHERE left(r.error_text, 6) = '@tier:'
+    ), live_nodes(tenant, digest) AS (
+        SELECT DISTINCT tenant, substr(ref, 65, 32) FROM refs WHERE length(ref) > 64
+        UNION
+        SELECT n.tenant, n.parent FROM {s}.payload_nodes n
+          JOIN live_nodes l ON n.tenant = l.tenant AND n.digest = l.digest
+         WHERE n.parent IS NOT NULL
+    ), live_blobs(tenant, digest) AS (
+        SELECT tenant, ref FROM refs WHERE length(ref) = 64
+        UNION
+        SELECT n.tenant, p.piece ->> 1 FROM {s}.payload_nodes n
+          JOIN live_nodes l ON n.tenant = l.tenant AND n.digest = l.digest
+         CROSS JOIN LATERAL jsonb_array_elements(n.body::jsonb) p(piece)
+    )
+"""
+
+
+def _drop_migration() -> list[str]:
+    out = [
+        """
+        CREATE TABLE {s}.blob_drops (
+            drop_id    BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            dropped_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            dropped_by TEXT NOT NULL,
+            tenants    TEXT[] NOT NULL,
+            blobs      INTEGER NOT NULL,
+            nodes      INTEGER NOT NULL
+        )
+        """,
+        # The writer's check, in its batch's transaction: VOLATILE, so the generation is
+        # read with a snapshot taken after the lock was granted (after any drop committed).
+        f"""
+        CREATE FUNCTION {{s}}.tier_generation() RETURNS BIGINT
+        LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+        BEGIN
+            PERFORM {_DROP_LOCK.format(shared="_shared")};
+            RETURN COALESCE((SELECT max(d.drop_id) FROM {{s}}.blob_drops d), 0);
+        END $$
+        """,
+        # The steward's, for the maintenance role: deletes, in the tenants the session may
+        # write, the blobs and nodes no hot row references (those only archived runs whose
+        # payloads were dropped used; the archive holds its own copy), and records the drop.
+        # A node whose body is not a JSON array aborts it: nothing is dropped.
+        f"""
+        CREATE FUNCTION {{s}}.drop_archived_blobs() RETURNS INTEGER[]
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+        DECLARE
+            nb INTEGER;
+            nn INTEGER;
+            mine TEXT[];
+        BEGIN
+            PERFORM {_DROP_LOCK.format(shared="")};
+            mine := {{s}}.session_tenants(true);
+            {_LIVE}
+            DELETE FROM {{s}}.payload_blobs b
+             WHERE b.tenant = ANY (mine)
+               AND NOT EXISTS (SELECT 1 FROM live_blobs l
+                                WHERE l.tenant = b.tenant AND l.digest = b.digest);
+            GET DIAGNOSTICS nb = ROW_COUNT;
+            {_LIVE}
+            DELETE FROM {{s}}.payload_nodes n
+             WHERE n.tenant = ANY (mine)
+               AND NOT EXISTS (SELECT 1 FROM live_nodes l
+                                WHERE l.tenant = n.tenant AND l.digest = n.digest);
+            GET DIAGNOSTICS nn = ROW_COUNT;
+            IF nb + nn > 0 THEN
+                INSERT INTO {{s}}.blob_drops (dropped_by, tenants, blobs, nodes)
+                VALUES (session_user, mine, nb, nn);
+            END IF;
+            RETURN ARRAY[nb, nn];
+        END $$
+        """,
+        "REVOKE ALL ON FUNCTION {s}.drop_archived_blobs() FROM PUBLIC",
+    ]
+    for table in DROP_TABLES:
+        out += [
+            f"REVOKE ALL ON {{s}}.{table} FROM PUBLIC",
+            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {{s}}.{table} "
+            "FOR EACH ROW EXECUTE FUNCTION {s}.refuse_change()",
+            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {{s}}.{table} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse_change()",
+        ]
+    return out
+
+
 #: Migration n (1-based) brings a database from version n-1 to n.
 MIGRATIONS: Final[list[list[str]]] = [
     _V1 + _v1_guards(),
@@ -448,6 +563,7 @@ MIGRATIONS: Final[list[list[str]]] = [
     _tier_migration(),
     _archive_migration(),
     _purge_migration(),
+    _drop_migration(),
 ]
 LATEST_VERSION: Final = len(MIGRATIONS)
 

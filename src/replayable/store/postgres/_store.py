@@ -115,6 +115,10 @@ _CLAIM_BATCH_BUFFERED = (
 )
 
 
+class _BlobsDropped(Exception):
+    """A blob drop committed since the batch was split: it is rolled back and retried."""
+
+
 def _dumps(value: Any) -> str:
     if not value and type(value) is dict:
         return "{}"  # most events carry no metadata
@@ -251,6 +255,7 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         self._run_info: dict[str, tuple[str | None, str | None]] = {}
         self.tier = PayloadTier()
         self._space_cache: dict[str, str] = {}
+        self._tier_generation: int | None = None
         self._staged = False
         self._direct: bool | None = None
         self._closed = False
@@ -406,6 +411,9 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
             split = zip(events, repeat(None), repeat(None))
         if tier_rows.pending:  # the run records' values, in a batch without events
             tier.pack_in_background(self, tier_rows)()
+        # A batch that may reference the tier's blobs checks, in its transaction, that no
+        # blob drop ran since this object last looked (``drop_archived_blobs``).
+        tiered = tier.any_tiered(events) or (tier.seal is not None and bool(starts or ends))
         with self._write_lock:
             conn = self._conn(write=True)
             try:
@@ -417,6 +425,9 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
                     if cur.rowcount == 0:
                         packed()
                         return
+                    if tiered and self._tier_changed(conn):
+                        packed()
+                        raise _BlobsDropped
                     with conn.cursor() as c:
                         if run_rows:
                             c.executemany(_INSERT_RUN, run_rows)
@@ -428,12 +439,30 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
                             self._insert_tier(c, tier_rows)
                         if ends:
                             c.executemany(_INSERT_END, [self._end_row(r) for r in ends])
+            except _BlobsDropped:
+                # What this object remembers as stored may be gone: the batch is split
+                # and sent again, with its blobs (the rolled back claim included).
+                tier.forget_stored()
+                retry = True
             except psycopg.Error as exc:
                 raise_store_error(exc, self.target, "writing a batch")
+            else:
+                retry = False
+        if retry:
+            self.append(given_starts, events, given_ends, durable=durable)
+            return
         for s in starts:
             self._remember(s.run_id, self._access_tenant(s), s.parent_run_id)
         if tier_rows:
             tier.committed(tier_rows)
+
+    def _tier_changed(self, conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+        """Whether a blob drop committed since this object last looked (the generation
+        is then taken as seen). Holds the drop lock, shared, until the batch commits."""
+        row = conn.execute("SELECT tier_generation()").fetchone()
+        generation = int(row[0]) if row else 0
+        seen, self._tier_generation = self._tier_generation, generation
+        return seen is not None and seen != generation
 
     def _batch_tenant(
         self, starts: Sequence[RunStart], events: Sequence[Event], ends: Sequence[RunEnd]
@@ -905,6 +934,25 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
             except psycopg.Error as exc:
                 raise_store_error(exc, self.target, "dropping archived payloads")
         return int(row[0]) if row else 0
+
+    def drop_archived_blobs(self) -> tuple[int, int]:
+        """Through ``drop_archived_blobs``: the maintenance role's, after
+        :meth:`drop_archived_payloads`. Deletes, in the tenants the login may write, the
+        blobs and nodes no hot row references (those only archived runs used, whose
+        archive holds its own copy); a blob a hot run shares is kept. Returns (blobs,
+        nodes) deleted. Writers in any process notice the drop in their next batch's
+        transaction and send that batch's blobs again."""
+        with self._write_lock:
+            try:
+                row = self._conn(write=True).execute("SELECT drop_archived_blobs()").fetchone()
+            except psycopg.Error as exc:
+                raise_store_error(exc, self.target, "dropping archived blobs")
+        if row is None or row[0] is None:
+            return (0, 0)
+        blobs, nodes = row[0]
+        if blobs or nodes:
+            self.tier.forget_stored()
+        return (int(blobs), int(nodes))
 
     def _execute(self, statement: str, params: Sequence[Any]) -> None:
         with self._write_lock:
