@@ -247,15 +247,17 @@ def test_spool_of_an_ended_process_is_drained_on_next_start(
     with replayable.recording(first) as rec:
         outage_agent(8)
     first.close()  # the writer stops with the store unreachable: the spool stays
-    (left,) = tmp_path.glob("*-*.jsonl")
-    assert sum(1 for kind, _ in read_records(left) if kind == "e") == 8
+    # One file per spooling episode: a slow machine may start a second one mid-run.
+    left = sorted(tmp_path.glob("*-*.jsonl"))
+    assert left
+    assert sum(1 for f in left for kind, _ in read_records(f) if kind == "e") == 8
 
     proxy.restore()
     second = PostgresStore(via)
     try:
         writer = writer_for(second, spool_dir=tmp_path)
         assert writer.drain(timeout=40)
-        assert not left.exists()
+        assert not any(f.exists() for f in left)
         check_runs(direct, rec.run_ids, 8)
     finally:
         second.close()
