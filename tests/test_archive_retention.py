@@ -388,9 +388,11 @@ def test_postgres_drops_the_blob_rows_only_archived_runs_use(
                 login,
                 statement,
             )
-    with world.conn() as conn:
+    with world.conn(world.maint) as conn:
         drops = conn.execute("SELECT dropped_by, blobs, nodes FROM blob_drops").fetchall()
     assert drops == [(world.maint, report.blobs_dropped, report.nodes_dropped)]
+    with world.conn(world.writer) as conn, pytest.raises(psycopg.Error, match="permission"):
+        conn.execute("SELECT tenants FROM blob_drops")  # which tenants were swept
     assert _tier_counts(world)[0] > hot_only[0]
 
 

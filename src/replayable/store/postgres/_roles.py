@@ -144,11 +144,12 @@ def init_roles(
             sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(s, readers),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, everyone),
             sql.SQL("GRANT SELECT ON {} TO {}").format(
-                tables((*LOG_TABLES, *TIER_TABLES, *ARCHIVE_TABLES, *PURGE_TABLES, *DROP_TABLES)),
-                everyone,
+                tables((*LOG_TABLES, *TIER_TABLES, *ARCHIVE_TABLES, *PURGE_TABLES)), everyone
             ),
-            # Blob drops are the steward's to record (through drop_archived_blobs).
-            sql.SQL("GRANT INSERT ON {} TO {}").format(tables(DROP_TABLES), st),
+            # Blob drops are the steward's to record (through drop_archived_blobs) and
+            # name tenants: the maintenance role reads them, writers only their generation.
+            sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(tables(DROP_TABLES), st),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(tables(DROP_TABLES), m),
             # Purge records are the steward's to write (through record_archive_purge).
             sql.SQL("GRANT INSERT ON {} TO {}").format(tables(PURGE_TABLES), st),
             # The archiver runs as the maintenance login: it plans and indexes parts.

@@ -553,6 +553,10 @@ def _drop_migration() -> list[str]:
     return out
 
 
+# Migration 10: the blob drops name the tenants they swept, which are not every login's
+# to read; the writer's generation check reads them as the schema owner instead.
+_V10_DROPS_PRIVATE: Final = ["ALTER FUNCTION {s}.tier_generation() SECURITY DEFINER"]
+
 #: Migration n (1-based) brings a database from version n-1 to n.
 MIGRATIONS: Final[list[list[str]]] = [
     _V1 + _v1_guards(),
@@ -564,6 +568,7 @@ MIGRATIONS: Final[list[list[str]]] = [
     _archive_migration(),
     _purge_migration(),
     _drop_migration(),
+    _V10_DROPS_PRIVATE,
 ]
 LATEST_VERSION: Final = len(MIGRATIONS)
 
