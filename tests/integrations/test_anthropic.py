@@ -12,6 +12,7 @@ import replayable
 from replayable.integrations import anthropic as ra
 from replayable.store import MemoryStore
 from tests.integrations.servers import FakeProvider
+from tests.integrations.wire import answered, said
 
 KEY = "sk-ant-test-abcdefghijklmnopqrstuvwxyz0123"
 TOOLS: list[Any] = [
@@ -119,11 +120,11 @@ def test_messages_tool_loop_replays_with_server_stopped(
     assert meta["max_tokens"] == 64
     assert meta["stop_sequences"] == ["END"]
     assert meta["tool_choice"] == {"type": "auto"}
-    assert meta["messages"][0] == {"role": "system", "content": "be brief"}
-    assert meta["output"]["tool_calls"] == [
+    assert said(events[0])[0] == {"role": "system", "content": "be brief"}
+    assert answered(events[0])["tool_calls"] == [
         {"id": "toolu_1", "name": "get_weather", "arguments": {"city": "Kyoto"}}
     ]
-    assert events[2].metadata["messages"][-1]["tool_results"][0]["content"] == "sunny in Kyoto"
+    assert said(events[2])[-1]["tool_results"][0]["content"] == "sunny in Kyoto"
     assert meta["usage"]["output_tokens"] == 4
     for e in events:
         assert KEY not in (e.request or "") + (e.response or "")
@@ -163,10 +164,10 @@ def test_stream_helper_and_raw_stream_replay(provider: FakeProvider, store: Memo
     provider.stop()
     first, second = store.events(run_id)
     assert first.metadata["complete"] is True
-    assert first.metadata["output"]["content"] == "Answer: stream it"
+    assert answered(first)["content"] == "Answer: stream it"
     assembled = orjson.loads(second.response or b"null")["assembled"]
     assert assembled["content"][0]["input"] == {"city": "Bern"}
-    assert second.metadata["output"]["tool_calls"][0]["name"] == "get_weather"
+    assert answered(second)["tool_calls"][0]["name"] == "get_weather"
     result = replayable.replay(run_id, store=store, fn=stream_agent)
     assert result.status == "identical", result.divergence
     assert result.output == out

@@ -8,6 +8,7 @@ import pytest
 from replayable.store import MemoryStore
 from tests.integrations.agent_checks import check_agent, load_example
 from tests.integrations.servers import FakeProvider
+from tests.integrations.wire import answered
 
 example = load_example("anthropic_agent")
 
@@ -32,4 +33,4 @@ def test_tool_use_loop(streamed: bool, provider: FakeProvider, store: MemoryStor
         ("tool", "lookup_forecast"),
         ("llm", "anthropic.messages"),
     ]
-    assert events[0].metadata["output"]["tool_calls"][0]["name"] == "get_weather"
+    assert answered(events[0])["tool_calls"][0]["name"] == "get_weather"

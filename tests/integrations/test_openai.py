@@ -15,6 +15,7 @@ from replayable.integrations import http
 from replayable.integrations import openai as ro
 from replayable.store import MemoryStore
 from tests.integrations.servers import FakeProvider
+from tests.integrations.wire import answered, said
 
 KEY = "sk-test-abcdefghijklmnopqrstuvwxyz012345"
 TOOLS: list[Any] = [
@@ -180,10 +181,10 @@ def test_chat_tool_loop_replays_with_server_stopped(
     assert meta["provider"] == "openai"
     assert meta["model"] == "fake-1"
     assert (meta["temperature"], meta["seed"], meta["max_tokens"]) == (0.3, 7, 50)
-    assert meta["messages"] == [{"role": "user", "content": "weather in Paris"}]
-    assert meta["output"]["tool_calls"][0]["name"] == "get_weather"
+    assert said(events[0]) == [{"role": "user", "content": "weather in Paris"}]
+    assert answered(events[0])["tool_calls"][0]["name"] == "get_weather"
     assert meta["usage"]["input_tokens"] > 0
-    assert events[2].metadata["messages"][-1]["role"] == "tool"
+    assert said(events[2])[-1]["role"] == "tool"
     result = replayable.replay(run_id, store=store, fn=chat_agent)
     assert result.status == "identical", result.divergence
     assert result.output == out
@@ -265,8 +266,8 @@ def test_responses_api_with_tool_and_stream_helper(
     provider.stop()
     events = store.events(rec.run_ids[0])
     assert [e.name for e in events] == ["openai.responses", "get_weather", "openai.responses"]
-    assert events[0].metadata["messages"][0] == {"role": "system", "content": "be brief"}
-    assert events[2].metadata["output"]["content"] == "Answer: sunny in Oslo"
+    assert said(events[0])[0] == {"role": "system", "content": "be brief"}
+    assert answered(events[2])["content"] == "Answer: sunny in Oslo"
     result = replayable.replay(rec.run_ids[0], store=store, fn=responses_agent)
     assert result.status == "identical", result.divergence
 
@@ -302,17 +303,17 @@ def test_secrets_and_volatile_headers_are_not_stored(
 def test_a_secret_typed_into_a_prompt_is_redacted_everywhere_it_is_stored(
     provider: FakeProvider, store: MemoryStore
 ) -> None:
-    """The prompt reaches the request body and the event's metadata (messages, output):
-    a key pasted into it is redacted in both, and the call still replays."""
+    """The prompt reaches the request body (its metadata holds no message text): a key
+    pasted into it is redacted there and in what is read from it, and the call still
+    replays."""
     secret = "sk-proj-Pasted0Into1The2Prompt3"
     run_id, _ = _record(store, chat_agent, provider.url + "/v1", f"is {secret} valid?")
     assert any(secret in str(r["body"]) for r in provider.requests), "the model saw it"
     (event, *_) = [e for e in store.events(run_id) if e.kind == "llm"]
-    assert "messages" in event.metadata
     for e in store.events(run_id):
         stored = (e.request or "") + (e.response or "") + orjson.dumps(e.metadata).decode()
         assert secret not in stored
-    assert "[REDACTED]" in orjson.dumps(event.metadata).decode()
+    assert "[REDACTED]" in said(event)[0]["content"]
     result = replayable.replay(run_id, store=store, fn=chat_agent)
     assert result.status == "identical", result.divergence
 
@@ -401,7 +402,7 @@ def test_fork_at_tool_step_runs_the_rest_live(provider: FakeProvider, store: Mem
     assert result.new_run_id is not None
     forked = store.events(result.new_run_id)
     assert forked[-1].name == "openai.chat.completions"
-    assert forked[-1].metadata["messages"][-1]["content"] == "raining in Paris"
+    assert said(forked[-1])[-1]["content"] == "raining in Paris"
     assert len(provider.requests) == 3  # the first model call came from the tape
 
 

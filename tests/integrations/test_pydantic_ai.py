@@ -8,6 +8,7 @@ import pytest
 from replayable.store import MemoryStore
 from tests.integrations.agent_checks import check_agent, load_example
 from tests.integrations.servers import FakeProvider
+from tests.integrations.wire import said
 
 # run_sync runs the agent on an event loop of its own; the provider's pooled connection
 # outlives that loop and is collected unclosed (pydantic-ai's doing, not the recording's).
@@ -44,7 +45,7 @@ def test_run_sync(provider: FakeProvider, store: MemoryStore) -> None:
         ("tool", "lookup_forecast"),
         ("llm", "openai.chat.completions"),
     ]
-    assert events[0].metadata["messages"][0]["role"] == "system"
+    assert said(events[0])[0]["role"] == "system"
 
 
 def test_run_async(provider: FakeProvider, store: MemoryStore) -> None:

@@ -26,6 +26,7 @@ from replayable.integrations import _exchange, _sse
 from replayable.store import MemoryStore
 from replayable.store.verify import verify_run
 from tests.integrations.servers import FakeProvider
+from tests.integrations.wire import answered, said
 
 # -- references -------------------------------------------------------------------
 
@@ -308,8 +309,8 @@ def test_http_events_are_built_by_the_writer_not_the_agent_thread(
     assert len(threads) == 1
     assert threads[0] != threading.get_ident()
     (event,) = store.events(rec.run_ids[0])
-    assert event.metadata["output"]["content"] == "Answer: hi"
-    assert event.metadata["messages"] == [{"role": "user", "content": "hi"}]
+    assert answered(event)["content"] == "Answer: hi"
+    assert said(event) == [{"role": "user", "content": "hi"}]
 
 
 def test_a_failing_builder_still_records_the_event(

@@ -15,7 +15,16 @@ from typing import Any
 
 from replayable.events.canonical import canonical
 
-__all__ = ["classify", "describe_request", "describe_response", "tool_schemas"]
+__all__ = [
+    "classify",
+    "describe_request",
+    "describe_response",
+    "recorded_messages",
+    "recorded_output",
+    "request_messages",
+    "response_output",
+    "tool_schemas",
+]
 
 JSON = Any
 
@@ -183,8 +192,26 @@ def _anthropic_messages(body: Mapping[str, Any]) -> list[JSON]:
     return out
 
 
+def request_messages(name: str, body: JSON) -> list[JSON] | None:
+    """The normalized messages of an LLM request body (``None``: not a chat wire format)."""
+    if not isinstance(body, dict):
+        return None
+    if name == "anthropic.messages":
+        return _anthropic_messages(body)
+    if name == "openai.responses":
+        return _responses_messages(body)
+    if name == "openai.chat.completions":
+        return _openai_messages(body)
+    return None
+
+
 def describe_request(name: str, provider: str | None, body: JSON) -> dict[str, Any]:
-    """Metadata of an LLM request: provider, model, sampling parameters, messages, tool names."""
+    """Metadata of an LLM request: provider, model, sampling parameters, tool names.
+
+    No message text: metadata is stored in clear beside payloads that may be
+    encrypted and shredded, so the conversation is read from the recorded
+    request (:func:`recorded_messages`), never copied here.
+    """
     meta: dict[str, Any] = {"provider": provider}
     if not isinstance(body, dict):
         return meta
@@ -196,12 +223,6 @@ def describe_request(name: str, provider: str | None, body: JSON) -> dict[str, A
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if fmt is not None:
         meta["response_format"] = fmt
-    if name == "anthropic.messages":
-        meta["messages"] = _anthropic_messages(body)
-    elif name == "openai.responses":
-        meta["messages"] = _responses_messages(body)
-    elif name == "openai.chat.completions":
-        meta["messages"] = _openai_messages(body)
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
         meta["tools"] = [_tool_name(t) for t in tools]
@@ -294,8 +315,26 @@ def _anthropic_output(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def response_output(name: str, body: JSON) -> dict[str, Any] | None:
+    """The normalized answer (role, text, tool calls, finish reason) of an LLM response
+    body, a stream's assembled one included (``None``: not a chat wire format)."""
+    if not isinstance(body, dict):
+        return None
+    if name == "openai.chat.completions":
+        return _chat_output(body)
+    if name == "openai.responses":
+        return _responses_output(body)
+    if name == "anthropic.messages":
+        return _anthropic_output(body)
+    return None
+
+
 def describe_response(name: str, body: JSON) -> dict[str, Any]:
-    """Metadata of an LLM response: usage, the model that answered and the normalized output."""
+    """Metadata of an LLM response: usage and the model that answered.
+
+    No answer text (see :func:`describe_request`); :func:`recorded_output`
+    reads it from the recorded response.
+    """
     if not isinstance(body, dict):
         return {}
     meta: dict[str, Any] = {}
@@ -304,13 +343,23 @@ def describe_response(name: str, body: JSON) -> dict[str, Any]:
         meta["usage"] = usage
     if body.get("model"):
         meta["response_model"] = body["model"]
-    output: dict[str, Any] | None = None
-    if name == "openai.chat.completions":
-        output = _chat_output(body)
-    elif name == "openai.responses":
-        output = _responses_output(body)
-    elif name == "anthropic.messages":
-        output = _anthropic_output(body)
-    if output is not None:
-        meta["output"] = output
     return meta
+
+
+# -- reading recorded values ----------------------------------------------------
+
+
+def recorded_messages(name: str, request: JSON) -> list[JSON] | None:
+    """The normalized messages of a recorded HTTP-seam request value (its ``body``)."""
+    if not isinstance(request, dict):
+        return None
+    return request_messages(name, request.get("body"))
+
+
+def recorded_output(name: str, response: JSON) -> dict[str, Any] | None:
+    """The normalized answer of a recorded HTTP-seam response value: its ``body``, or
+    for a stream the response assembled from its chunks at capture (``assembled``)."""
+    if not isinstance(response, dict):
+        return None
+    body = response.get("assembled") if "stream" in response else response.get("body")
+    return response_output(name, body)

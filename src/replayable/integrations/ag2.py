@@ -502,7 +502,8 @@ def _llm_request(
     for key in _SAMPLING:
         if key in options:
             meta[key] = options[key]
-    meta["messages"] = messages
+    # No messages: they are in the request, encrypted and erasable with it, while
+    # metadata is stored in clear.
     if tools:
         meta["tools"] = _tool_names(tools)
     name = f"ag2.{type(client).__name__}" if client is not None else "ag2.llm"

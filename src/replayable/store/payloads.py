@@ -491,6 +491,15 @@ class PayloadTier:
                 pending[key] = data
             return blob
         pieces, tail = split_payload(text)
+        if self.seal is not None and (tail or any(lit for lit, _ in pieces)):
+            # Encrypting: node rows and the reference are stored in clear and outlive an
+            # erasure, so no text may stay in them. Each literal (the text between
+            # messages: a streamed answer's assembled message, a short message) is a
+            # blob of its own, encrypted like the segments.
+            pieces = [("", part) for piece in pieces for part in piece if part]
+            if tail:
+                pieces.append(("", tail))
+            tail = ""
         if len(pieces) == 1 and pieces[0][1] is text:
             data = text.encode()
             blob = hashlib.sha256(data).hexdigest()

@@ -28,6 +28,7 @@ from replayable.cli.render import (
 )
 from replayable.events.audit import Annotation, AnomalyFlag
 from replayable.events.model import Event, Run
+from replayable.integrations import _wire
 
 __all__ = [
     "annotation_dict",
@@ -156,8 +157,13 @@ def tree(text: str | None) -> Any:
         return text
 
 
-def _messages(request: Any, metadata: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    for source in (metadata, request, request.get("kwargs") if isinstance(request, dict) else None):
+def _messages(name: str, request: Any, metadata: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    # Events recorded before the HTTP seam stopped copying messages into metadata
+    # hold them there; later ones are read from the recorded request body.
+    derived = None if "messages" in metadata else _wire.recorded_messages(name, request)
+    derived_source = {"messages": derived} if derived is not None else None
+    kwargs = request.get("kwargs") if isinstance(request, dict) else None
+    for source in (metadata, derived_source, request, kwargs):
         if isinstance(source, dict) and isinstance(source.get("messages"), list):
             return [m for m in source["messages"] if isinstance(m, dict)]
     return None
@@ -172,11 +178,14 @@ def _content_text(content: Any) -> str:
     return "" if content is None else pretty(content)
 
 
-def _answer(response: Any, metadata: Mapping[str, Any]) -> dict[str, Any] | None:
+def _answer(name: str, response: Any, metadata: Mapping[str, Any]) -> dict[str, Any] | None:
     """The model's answer: text and tool calls, from a chat completion, a streamed
     answer's assembled text, or an Anthropic message."""
-    # The HTTP seam describes every answer, a stream's assembled one included.
+    # Older HTTP-seam events describe the answer in metadata; later ones are read from
+    # the recorded response (a stream's assembled at capture), the same normaliser.
     described = metadata.get("output")
+    if described is None:
+        described = _wire.recorded_output(name, response)
     if isinstance(described, dict):
         role = str(described.get("role") or "assistant")
         return {
@@ -204,7 +213,7 @@ def _answer(response: Any, metadata: Mapping[str, Any]) -> dict[str, Any] | None
 
 
 def _conversation(event: Event, request: Any, response: Any, limit: int) -> dict[str, Any] | None:
-    messages = _messages(request, event.metadata)
+    messages = _messages(event.name, request, event.metadata)
     if messages is None:
         return None
     params_from = request.get("kwargs", request) if isinstance(request, dict) else {}
@@ -225,7 +234,7 @@ def _conversation(event: Event, request: Any, response: Any, limit: int) -> dict
         }
         for m in messages
     ]
-    answer = _answer(response, event.metadata)
+    answer = _answer(event.name, response, event.metadata)
     if answer is not None:
         turns.append(
             {

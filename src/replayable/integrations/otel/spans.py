@@ -36,6 +36,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from replayable.events.model import Event, Run
+from replayable.integrations import _wire
 
 __all__ = [
     "event_spans",
@@ -157,7 +158,13 @@ def _llm(e: Event, ctx: SpanContext) -> tuple[str, dict[str, Any], list[SpanEven
             attrs["gen_ai.usage.output_tokens"] = out
     events: list[SpanEvent] = []
     start = _ns(e.started_at)
-    messages = meta.get("messages") or request.get("messages") or []
+    raw = _json(e.request)
+    messages = (
+        meta.get("messages")
+        or _wire.recorded_messages(e.name, raw)
+        or request.get("messages")
+        or []
+    )
     for m in messages if isinstance(messages, list) else []:
         if not isinstance(m, dict):
             continue
@@ -179,10 +186,16 @@ def _llm(e: Event, ctx: SpanContext) -> tuple[str, dict[str, Any], list[SpanEven
                 outputs.append(c.get("message") or c.get("text"))
                 if c.get("finish_reason"):
                     finish.append(str(c["finish_reason"]))
-    elif isinstance(meta.get("output"), dict):
-        outputs.append(meta["output"])
-        if meta["output"].get("finish_reason"):
-            finish.append(str(meta["output"]["finish_reason"]))
+    else:
+        # Older events describe the answer in metadata; later ones are read from the
+        # recorded response (a stream's assembled one), as the HTTP seam saw it.
+        answer = meta.get("output")
+        if not isinstance(answer, dict):
+            answer = _wire.recorded_output(e.name, _json(e.response))
+        if isinstance(answer, dict):
+            outputs.append(answer)
+            if answer.get("finish_reason"):
+                finish.append(str(answer["finish_reason"]))
     end = start + max(e.duration_ns, 0)
     for i, out in enumerate(outputs):
         content = out.get("content") if isinstance(out, dict) else out
