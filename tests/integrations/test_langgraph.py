@@ -20,8 +20,10 @@ from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send, interrupt
 
 import replayable
+from replayable.integrations import _wire
 from replayable.integrations import langgraph as rlg
 from replayable.store import MemoryStore
+from replayable.web.views import payload_view
 from tests.integrations.servers import FakeProvider
 
 rlg.instrument(side_effects={"notify"})
@@ -100,8 +102,23 @@ def test_react_graph_replays_with_server_stopped(
     ]
     assert events[0].metadata["model"] == "fake-1"
     assert events[0].metadata["temperature"] == 0.2
-    assert events[0].metadata["messages"] == [{"role": "human", "content": "weather in Paris"}]
-    assert events[0].metadata["output"]["tool_calls"][0]["name"] == "get_weather"
+    # The conversation lives in the recorded request and response only: metadata is
+    # stored in clear, beside payloads that may be encrypted and erased.
+    assert "messages" not in events[0].metadata
+    assert "output" not in events[0].metadata
+    assert "weather in Paris" not in str(events[0].metadata)
+    assert _wire.langchain_messages(events[0].request_value()) == [
+        {"role": "human", "content": "weather in Paris"}
+    ]
+    answer = _wire.langchain_output(events[0].response_tree())
+    assert answer is not None
+    assert answer["tool_calls"][0]["name"] == "get_weather"
+    # The web app still reads it as a conversation, from the payloads.
+    shown = payload_view(events[0], 10_000)["conversation"]
+    assert shown is not None
+    first = shown["turns"][0]
+    assert (first["role"], first["content"]["text"]) == ("human", "weather in Paris")
+    assert "get_weather" in str(shown["turns"][-1]["tool_calls"])
     assert events[1].request_value() == {"input": {"city": "Paris"}, "tool_call_id": "call_1"}
     assert "__pregel_pull|agent" in str(events[0].key)
     result = replayable.replay(run_id, store=store, fn=react_agent)

@@ -19,6 +19,8 @@ __all__ = [
     "classify",
     "describe_request",
     "describe_response",
+    "langchain_messages",
+    "langchain_output",
     "recorded_messages",
     "recorded_output",
     "request_messages",
@@ -363,3 +365,42 @@ def recorded_output(name: str, response: JSON) -> dict[str, Any] | None:
         return None
     body = response.get("assembled") if "stream" in response else response.get("body")
     return response_output(name, body)
+
+
+# -- LangChain's recorded values ----------------------------------------------------------
+
+
+def _langchain_message(m: JSON) -> dict[str, Any] | None:
+    """One message as LangChain's ``message_to_dict`` records it (``{"type", "data"}``),
+    normalized like the wire formats' (role, content, tool calls)."""
+    if not isinstance(m, dict) or not isinstance(m.get("data"), dict):
+        return None
+    data = m["data"]
+    out: dict[str, Any] = {"role": m.get("type", "?"), "content": data.get("content")}
+    calls = data.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        out["tool_calls"] = [
+            {"name": c.get("name"), "args": c.get("args")} for c in calls if isinstance(c, dict)
+        ]
+    if data.get("tool_call_id"):
+        out["tool_call_id"] = data["tool_call_id"]
+    return out
+
+
+def langchain_messages(request: JSON) -> list[JSON] | None:
+    """The normalized messages of a recorded LangChain model request."""
+    if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
+        return None
+    found = [_langchain_message(m) for m in request["messages"]]
+    return [m for m in found if m is not None]
+
+
+def langchain_output(response: JSON) -> dict[str, Any] | None:
+    """The normalized answer of a recorded LangChain model result (its first generation)."""
+    if not isinstance(response, dict):
+        return None
+    generations = response.get("generations")
+    if not isinstance(generations, list) or not generations:
+        return None
+    first = generations[0]
+    return _langchain_message(first.get("message")) if isinstance(first, dict) else None

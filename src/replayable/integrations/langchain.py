@@ -155,17 +155,6 @@ def _message(msg: Any) -> dict[str, Any]:
     return {"type": d["type"], "data": _jsonable(data)}
 
 
-def _short(msg: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": getattr(msg, "type", "?"), "content": _jsonable(msg.content)}
-    calls = getattr(msg, "tool_calls", None)
-    if calls:
-        out["tool_calls"] = [{"name": c["name"], "args": _jsonable(c["args"])} for c in calls]
-    call_id = getattr(msg, "tool_call_id", None)
-    if call_id:
-        out["tool_call_id"] = call_id
-    return out
-
-
 def _model_request(
     model: Any, messages: list[Any], stop: list[str] | None, kwargs: dict[str, Any]
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -187,7 +176,6 @@ def _model_request(
         "provider": provider,
         "model": ls.get("ls_model_name"),
         "framework": "langchain",
-        "messages": [_short(m) for m in messages],
     }
     if ls.get("ls_temperature") is not None:
         meta["temperature"] = ls["ls_temperature"]
@@ -350,7 +338,6 @@ def _result_meta(result: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     if result.generations:
         msg = result.generations[0].message
-        meta["output"] = _short(msg)
         usage = getattr(msg, "usage_metadata", None)
         if usage:
             meta["usage"] = {

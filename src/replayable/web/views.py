@@ -160,7 +160,12 @@ def tree(text: str | None) -> Any:
 def _messages(name: str, request: Any, metadata: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     # Events recorded before the HTTP seam stopped copying messages into metadata
     # hold them there; later ones are read from the recorded request body.
-    derived = None if "messages" in metadata else _wire.recorded_messages(name, request)
+    if "messages" in metadata:
+        derived = None
+    elif metadata.get("framework") == "langchain":
+        derived = _wire.langchain_messages(request)
+    else:
+        derived = _wire.recorded_messages(name, request)
     derived_source = {"messages": derived} if derived is not None else None
     kwargs = request.get("kwargs") if isinstance(request, dict) else None
     for source in (metadata, derived_source, request, kwargs):
@@ -184,7 +189,9 @@ def _answer(name: str, response: Any, metadata: Mapping[str, Any]) -> dict[str, 
     # Older HTTP-seam events describe the answer in metadata; later ones are read from
     # the recorded response (a stream's assembled at capture), the same normaliser.
     described = metadata.get("output")
-    if described is None:
+    if described is None and metadata.get("framework") == "langchain":
+        described = _wire.langchain_output(response)
+    elif described is None:
         described = _wire.recorded_output(name, response)
     if isinstance(described, dict):
         role = str(described.get("role") or "assistant")

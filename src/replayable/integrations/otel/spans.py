@@ -162,6 +162,7 @@ def _llm(e: Event, ctx: SpanContext) -> tuple[str, dict[str, Any], list[SpanEven
     messages = (
         meta.get("messages")
         or _wire.recorded_messages(e.name, raw)
+        or (_wire.langchain_messages(raw) if meta.get("framework") == "langchain" else None)
         or request.get("messages")
         or []
     )
@@ -192,6 +193,8 @@ def _llm(e: Event, ctx: SpanContext) -> tuple[str, dict[str, Any], list[SpanEven
         answer = meta.get("output")
         if not isinstance(answer, dict):
             answer = _wire.recorded_output(e.name, _json(e.response))
+        if not isinstance(answer, dict) and meta.get("framework") == "langchain":
+            answer = _wire.langchain_output(_json(e.response))
         if isinstance(answer, dict):
             outputs.append(answer)
             if answer.get("finish_reason"):
