@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import httpx2
+import orjson
 import pytest
 from ag2 import Agent, MemoryStream, tool
 from ag2.config.openai import OpenAIConfig
@@ -25,9 +26,11 @@ from ag2.middleware import BaseMiddleware, Middleware, approval_required
 
 import replayable
 from replayable.events.codec import decode_value, encode_value
+from replayable.integrations import _wire
 from replayable.integrations import ag2 as rag2
 from replayable.replay.session import served_value
 from replayable.store import MemoryStore
+from replayable.web.views import payload_view
 from tests.integrations.servers import FakeProvider
 
 pytestmark = pytest.mark.slow
@@ -147,7 +150,16 @@ def test_record_then_replay_with_the_server_stopped(
     assert events[0].metadata["model"] == "fake-1"
     assert events[0].metadata["temperature"] == 0.2
     assert events[0].metadata["provider"] == "openai"
-    assert events[0].metadata["output"]["tool_calls"][0]["name"] == "get_weather"
+    # The answer lives in the recorded response only: metadata is stored in clear.
+    assert "output" not in events[0].metadata
+    assert "Paris" not in str(events[0].metadata)  # no tool-call arguments
+    answer = _wire.ag2_output(orjson.loads(events[0].response or "null"))
+    assert answer is not None
+    assert answer["tool_calls"][0]["name"] == "get_weather"
+    assert answer["tool_calls"][0]["arguments"] == '{"city":"Paris"}'
+    shown = payload_view(events[2], 10_000)["conversation"]
+    assert shown is not None
+    assert "Answer: sunny in Paris" in str(shown["turns"][-1]["content"])
     assert events[0].metadata["usage"]["output_tokens"] > 0
     assert events[1].request_value() == {"arguments": {"city": "Paris"}}
     assert events[1].metadata["tool_call_id"] == "call_1"

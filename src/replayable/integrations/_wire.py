@@ -16,6 +16,7 @@ from typing import Any
 from replayable.events.canonical import canonical
 
 __all__ = [
+    "ag2_output",
     "classify",
     "describe_request",
     "describe_response",
@@ -404,3 +405,41 @@ def langchain_output(response: JSON) -> dict[str, Any] | None:
         return None
     first = generations[0]
     return _langchain_message(first.get("message")) if isinstance(first, dict) else None
+
+
+# -- AG2's recorded values -----------------------------------------------------------------
+
+
+def _untag(node: JSON) -> JSON:
+    """A recorded object's fields: the codec's type tags (``$t``, ``v``, ``fields``) peeled."""
+    while isinstance(node, dict):
+        if "$t" in node and "v" in node:
+            node = node["v"]
+        elif set(node) == {"cls", "fields"} and isinstance(node["fields"], dict):
+            node = node["fields"]
+        else:
+            break
+    return node
+
+
+def ag2_output(response: JSON) -> dict[str, Any] | None:
+    """The normalized answer of a recorded AG2 ``ModelResponse`` (its tagged JSON tree)."""
+    fields = _untag(response)
+    if not isinstance(fields, dict) or "finish_reason" not in fields:
+        return None
+    message = _untag(fields.get("message"))
+    if isinstance(message, dict):
+        content = _untag(message.get("content", message.get("text")))
+    else:
+        content = message
+    out: dict[str, Any] = {"role": "assistant", "content": content}
+    calls = _untag(fields.get("tool_calls"))
+    listed = _untag(calls.get("calls")) if isinstance(calls, dict) else None
+    if isinstance(listed, list) and listed:
+        out["tool_calls"] = [
+            {"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
+            for c in map(_untag, listed)
+            if isinstance(c, dict)
+        ]
+    out["finish_reason"] = fields.get("finish_reason")
+    return out

@@ -513,14 +513,9 @@ def _llm_request(
 def _response_meta(response: Any) -> dict[str, Any]:
     if not isinstance(response, ModelResponse):
         return {}
-    output: dict[str, Any] = {"role": "assistant", "content": response.content}
-    if response.tool_calls and response.tool_calls.calls:
-        output["tool_calls"] = [
-            {"id": c.id, "name": c.name, "arguments": c.arguments}
-            for c in response.tool_calls.calls
-        ]
-    output["finish_reason"] = response.finish_reason
-    meta: dict[str, Any] = {"output": output}
+    # No answer text or tool-call arguments: they are in the recorded response (read
+    # back by replayable.integrations._wire.ag2_output), encrypted and erasable with it.
+    meta: dict[str, Any] = {"finish_reason": response.finish_reason}
     if response.provider:
         meta["provider"] = response.provider
     if response.model:

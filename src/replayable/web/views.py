@@ -189,7 +189,9 @@ def _answer(name: str, response: Any, metadata: Mapping[str, Any]) -> dict[str, 
     # Older HTTP-seam events describe the answer in metadata; later ones are read from
     # the recorded response (a stream's assembled at capture), the same normaliser.
     described = metadata.get("output")
-    if described is None and metadata.get("framework") == "langchain":
+    if described is None and metadata.get("framework") == "ag2":
+        described = _wire.ag2_output(response)
+    elif described is None and metadata.get("framework") == "langchain":
         described = _wire.langchain_output(response)
     elif described is None:
         described = _wire.recorded_output(name, response)

@@ -195,6 +195,8 @@ def _llm(e: Event, ctx: SpanContext) -> tuple[str, dict[str, Any], list[SpanEven
             answer = _wire.recorded_output(e.name, _json(e.response))
         if not isinstance(answer, dict) and meta.get("framework") == "langchain":
             answer = _wire.langchain_output(_json(e.response))
+        if not isinstance(answer, dict) and meta.get("framework") == "ag2":
+            answer = _wire.ag2_output(_json(e.response))
         if isinstance(answer, dict):
             outputs.append(answer)
             if answer.get("finish_reason"):
