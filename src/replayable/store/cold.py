@@ -118,6 +118,38 @@ class ArchivePart(NamedTuple):
     blobs_url: str
     planned_at: float
 
+    def values(self) -> tuple[str, str, str, str, str, str, float]:
+        """The part as an ``archive_parts`` row (its runs as JSON text)."""
+        return (
+            self.part_id,
+            self.tenant,
+            self.day,
+            orjson.dumps(self.runs).decode(),
+            self.events_url,
+            self.blobs_url,
+            self.planned_at,
+        )
+
+    @classmethod
+    def from_row(cls, r: Sequence[Any]) -> ArchivePart:
+        """The part from an ``archive_parts`` row in :meth:`values` order."""
+        return cls(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6])
+
+
+#: The planned parts not written yet (no run of theirs indexed), oldest first: one
+#: query for every backend.
+PENDING_PARTS_SQL: Final = (
+    "SELECT part_id, tenant, day, runs, events_url, blobs_url, planned_at "
+    "FROM archive_parts p WHERE NOT EXISTS "
+    "(SELECT 1 FROM archived_runs a WHERE a.part_id = p.part_id) ORDER BY planned_at"
+)
+#: Every part with its purge, if any, in plan order: one query for every backend.
+PART_INDEX_SQL: Final = (
+    "SELECT p.part_id, p.tenant, p.day, p.runs, p.events_url, p.blobs_url, "
+    "p.planned_at, g.purged_at, g.purged_by FROM archive_parts p "
+    "LEFT JOIN archive_purges g ON g.part_id = p.part_id ORDER BY p.planned_at, p.part_id"
+)
+
 
 class ArchivedRun(NamedTuple):
     """Where an archived run's events and blobs are (``purged``: the notice, "purged on

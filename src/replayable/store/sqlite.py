@@ -28,6 +28,8 @@ from replayable.store._sqlite_audit import AUDIT_SCHEMA, AUDIT_TABLES, SQLiteAud
 from replayable.store._tier_sql import TierReads, blob_rows
 from replayable.store.base import EventStore, RunFilter, check_range, tag_value
 from replayable.store.cold import (
+    PART_INDEX_SQL,
+    PENDING_PARTS_SQL,
     ArchivedRun,
     ArchivePart,
     ColdReader,
@@ -904,14 +906,10 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         return self._events("WHERE run_id = ? ORDER BY seq", (run_id,))
 
     def archive_index(self) -> list[tuple[ArchivePart, PurgeRow | None]]:
-        rows = self._query(
-            "SELECT p.part_id, p.tenant, p.day, p.runs, p.events_url, p.blobs_url, "
-            "p.planned_at, g.purged_at, g.purged_by FROM archive_parts p "
-            "LEFT JOIN archive_purges g ON g.part_id = p.part_id ORDER BY p.planned_at, p.part_id"
-        )
+        rows = self._query(PART_INDEX_SQL)
         return [
             (
-                ArchivePart(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6]),
+                ArchivePart.from_row(r),
                 None if r[7] is None else PurgeRow(r[0], r[1], r[7], r[8]),
             )
             for r in rows
@@ -958,24 +956,12 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
     def archive_plan(self, part: ArchivePart) -> None:
         self._write_one(
             "INSERT INTO archive_parts VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            (
-                part.part_id,
-                part.tenant,
-                part.day,
-                orjson.dumps(part.runs).decode(),
-                part.events_url,
-                part.blobs_url,
-                part.planned_at,
-            ),
+            part.values(),
         )
 
     def archive_pending(self) -> list[ArchivePart]:
-        rows = self._query(
-            "SELECT part_id, tenant, day, runs, events_url, blobs_url, planned_at "
-            "FROM archive_parts p WHERE NOT EXISTS "
-            "(SELECT 1 FROM archived_runs a WHERE a.part_id = p.part_id) ORDER BY planned_at"
-        )
-        return [ArchivePart(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6]) for r in rows]
+        rows = self._query(PENDING_PARTS_SQL)
+        return [ArchivePart.from_row(r) for r in rows]
 
     def archive_commit(self, part_id: str, runs: Sequence[tuple[str, str]], at: float) -> None:
         with self._write_lock:

@@ -28,6 +28,8 @@ from replayable.events.model import Event, Run, RunEnd, RunStart
 from replayable.store._tier_sql import TierReads, blob_rows
 from replayable.store.base import EventStore, RunFilter, check_range, tag_value
 from replayable.store.cold import (
+    PART_INDEX_SQL,
+    PENDING_PARTS_SQL,
     ArchivedRun,
     ArchivePart,
     ColdReader,
@@ -812,14 +814,10 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         return self.joined(rows)
 
     def archive_index(self) -> list[tuple[ArchivePart, PurgeRow | None]]:
-        rows = self.query(
-            "SELECT p.part_id, p.tenant, p.day, p.runs, p.events_url, p.blobs_url, "
-            "p.planned_at, g.purged_at, g.purged_by FROM archive_parts p "
-            "LEFT JOIN archive_purges g ON g.part_id = p.part_id ORDER BY p.planned_at, p.part_id"
-        )
+        rows = self.query(PART_INDEX_SQL)
         return [
             (
-                ArchivePart(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6]),
+                ArchivePart.from_row(r),
                 None if r[7] is None else PurgeRow(r[0], r[1], r[7], r[8]),
             )
             for r in rows
@@ -868,24 +866,12 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
         self._execute(
             "INSERT INTO archive_parts (part_id, tenant, day, runs, events_url, blobs_url, "
             "planned_at) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (
-                part.part_id,
-                part.tenant,
-                part.day,
-                orjson.dumps(part.runs).decode(),
-                part.events_url,
-                part.blobs_url,
-                part.planned_at,
-            ),
+            part.values(),
         )
 
     def archive_pending(self) -> list[ArchivePart]:
-        rows = self.query(
-            "SELECT part_id, tenant, day, runs, events_url, blobs_url, planned_at "
-            "FROM archive_parts p WHERE NOT EXISTS "
-            "(SELECT 1 FROM archived_runs a WHERE a.part_id = p.part_id) ORDER BY planned_at"
-        )
-        return [ArchivePart(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6]) for r in rows]
+        rows = self.query(PENDING_PARTS_SQL)
+        return [ArchivePart.from_row(r) for r in rows]
 
     def archive_commit(self, part_id: str, runs: Sequence[tuple[str, str]], at: float) -> None:
         tenants = {
