@@ -418,12 +418,13 @@ def _site_ids(c: sqlite3.Connection, texts: set[str]) -> dict[str, int]:
         chunk = ordered[start : start + _ROWS_PER_STATEMENT]
         c.execute(_statement("INSERT INTO call_sites (text)", 1, len(chunk), _SKIP_STORED), chunk)
         marks = ",".join("?" * len(chunk))
-        out.update(
-            (str(t), int(i))
-            for i, t in c.execute(
-                f"SELECT site_id, text FROM call_sites WHERE text IN ({marks})", chunk
-            )
-        )
+        # One row back, not one per site: the sqlite3 module gives the GIL away at every
+        # row it steps, and beside a busy agent thread each costs a switch interval.
+        (found,) = c.execute(
+            f"SELECT json_group_object(text, site_id) FROM call_sites WHERE text IN ({marks})",
+            chunk,
+        ).fetchone()
+        out.update((str(t), int(i)) for t, i in orjson.loads(found).items())
     return out
 
 
