@@ -171,6 +171,48 @@ def test_fresh_schema_upgraded_from_nothing(pg: PgServer) -> None:
         store.close()
 
 
+def test_upgrade_retires_the_purge_procedure(pg: PgServer) -> None:
+    """A version-10 database loses ``purge_payloads``; its triggers then know the steward by
+    ``erase_data_keys``, whose deletes (the tier tests run them) still pass."""
+    from replayable.store.postgres._schema import MIGRATIONS
+
+    name = pg.new_schema()
+    ident = sql.Identifier(name)
+    with pg.connect() as conn, conn.transaction():
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.schema_version (version INTEGER PRIMARY KEY, "
+                "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            ).format(ident)
+        )
+        for number, statements in enumerate(MIGRATIONS[:10], start=1):
+            for statement in statements:
+                conn.execute(sql.SQL(statement).format(s=ident))
+            conn.execute(
+                sql.SQL("INSERT INTO {}.schema_version (version) VALUES (%s)").format(ident),
+                (number,),
+            )
+    procedure = f"{name}.purge_payloads(uuid)"
+    body = (
+        "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(%s)",
+        (f"{name}.refuse_change()",),
+    )
+    with pg.connect() as conn:
+        assert conn.execute("SELECT to_regprocedure(%s)", (procedure,)).fetchone() != (None,)
+        assert "purge_payloads" in str((conn.execute(*body).fetchone() or ("",))[0])
+    store = PostgresStore(pg.url(name))
+    try:
+        assert store.schema_version() == LATEST_VERSION
+    finally:
+        store.close()
+    with pg.connect() as conn:
+        assert conn.execute("SELECT to_regprocedure(%s)", (procedure,)).fetchone() == (None,)
+        trigger = str((conn.execute(*body).fetchone() or ("",))[0])
+        assert "erase_data_keys" in trigger
+        assert "purge_payloads" not in trigger
+
+
 def test_migrate_false_refuses_unmigrated_schema(pg: PgServer) -> None:
     """With migrate=false an empty schema is refused with the command that fixes it."""
     with pytest.raises(StoreError, match="replayable db upgrade"):
@@ -448,23 +490,28 @@ def test_owner_refused_by_trigger(
     assert owner.get_blob("ab" * 32) == b"x"
 
 
-def test_only_maintenance_may_purge(pg: PgServer, owner: PostgresStore, roles: Roles) -> None:
-    """The maintenance procedure purges payloads for the maintenance role and no other."""
+def test_only_maintenance_may_erase(pg: PgServer, owner: PostgresStore, roles: Roles) -> None:
+    """The steward's procedure deletes data keys for the maintenance role and no other.
+
+    The maintenance role may not UPDATE or DELETE itself, and what the procedure does
+    leaves every hash chain verifying (it deletes keys, it does not rewrite events).
+    """
     rid, _ = _recorded(owner)
-    call = sql.SQL("SELECT {}.purge_payloads(%s)").format(sql.Identifier(owner.target.schema))
+    schema = sql.Identifier(owner.target.schema)
+    call = sql.SQL("SELECT {}.erase_data_keys(%s, %s, %s)").format(schema)
     for role in (roles.writer, roles.auditor):
         with pg.connect(role) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute(call, (rid,))
+            conn.execute(call, ("", None, 1.0))
     with pg.connect(roles.maintenance) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute(
-                sql.SQL("UPDATE {}.agent_execution_events SET name = 'x'").format(
-                    sql.Identifier(owner.target.schema)
-                )
-            )
-        assert conn.execute(call, (rid,)).fetchone() == (3,)
-    assert {e.request for e in owner.events(rid)} == {'{"$purged":true}'}
-    assert not verify_run(owner, rid).ok
+        for statement in (
+            "UPDATE {}.agent_execution_events SET name = 'x'",
+            "DELETE FROM {}.data_keys",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql.SQL(statement).format(schema))
+        assert conn.execute(call, ("", "someone", 1.0)).fetchone() == ([],)
+    assert [e.subject for e in owner.erasures("")] == ["someone"]
+    assert verify_run(owner, rid).ok
 
 
 # -- tenants ------------------------------------------------------------------------------

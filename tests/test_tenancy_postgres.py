@@ -417,43 +417,60 @@ def test_owner_cannot_call_the_procedure_into_a_bypass(world: World) -> None:
             conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(world.roles.steward)))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(
-                sql.SQL("ALTER FUNCTION purge_payloads(uuid) OWNER TO {}").format(
+                sql.SQL("ALTER FUNCTION erase_data_keys(text, text, float8) OWNER TO {}").format(
                     sql.Identifier(world.owner)
                 )
             )
 
 
-def test_maintenance_purges_its_tenant_only(world: World, pg: PgServer) -> None:
-    """Purge by A's maintenance login: B's run is not found, A's run is purged; others refused."""
-    call = "SELECT purge_payloads(%s)"
+def test_maintenance_erases_its_tenant_only(world: World, pg: PgServer) -> None:
+    """Erasure by A's maintenance login: B's keys are out of its reach; other logins refused.
+
+    The steward's procedure is the one way to delete rows, and it checks the tenant in the
+    database: no ``replayable.tenant`` setting and no read-only membership widens it.
+    """
+    call = "SELECT erase_data_keys(%s, %s, %s)"
+    subject = f"subject-{secrets.token_hex(3)}"
     for login in ("a_writer", "a_auditor", "a_analyst"):
         with world.connect(login) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute(call, (world.run_a,))
+            conn.execute(call, ("A", subject, 1.0))
     with world.connect("a_maint") as conn:
         conn.execute("SET replayable.tenant = 'B'")
-        with pytest.raises(psycopg.Error, match="no run"):
-            conn.execute(call, (world.run_b,))
+        with pytest.raises(psycopg.Error, match="may not erase"):
+            conn.execute(call, ("B", subject, 1.0))
         conn.execute("RESET replayable.tenant")
-        with pytest.raises(psycopg.Error, match="no run"):
-            conn.execute(call, (world.run_b,))
-        for statement in ("UPDATE agent_execution_events SET name = 'x'", "DELETE FROM runs"):
+        with pytest.raises(psycopg.Error, match="may not erase"):
+            conn.execute(call, ("B", subject, 1.0))
+        for statement in (
+            "UPDATE agent_execution_events SET name = 'x'",
+            "DELETE FROM runs",
+            "DELETE FROM data_keys",
+        ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)  # type: ignore[arg-type]
     read_only = pg.login(f"tn_ro_{secrets.token_hex(3)}", world.roles.maintenance)
     with pg.connect(world.owner) as conn:
         grant_tenant(conn, world.schema, read_only, "A", write=False)
-    with world.connect(read_only) as conn, pytest.raises(psycopg.Error, match="may not change"):
-        conn.execute(call, (world.run_a,))
+    with world.connect(read_only) as conn, pytest.raises(psycopg.Error, match="may not erase"):
+        conn.execute(call, ("A", subject, 1.0))
     owner = PostgresStore(world.url(world.owner), tenant="A")
     try:
         before_b = owner.events(world.run_b)
-        rid = _record(owner, 9)
         with world.connect("a_maint") as conn:
-            assert conn.execute(call, (rid,)).fetchone() == (3,)
-        assert {e.request for e in owner.events(rid)} == {'{"$purged":true}'}
+            assert conn.execute(call, ("A", subject, 2.0)).fetchone() == ([],)
+        erased = [e for e in owner.erasures("A") if e.subject == subject]
+        assert [(e.erased_by, e.erased_at) for e in erased] == [(world.logins["a_maint"], 2.0)]
         assert owner.events(world.run_b) == before_b
     finally:
         owner.close()
+
+
+def test_the_retired_purge_procedure_is_gone(world: World) -> None:
+    """``purge_payloads`` overwrote payloads in place and broke the chain: no login may call it."""
+    for login in ("a_maint", world.owner):
+        with world.connect(login) as conn:
+            found = conn.execute("SELECT to_regprocedure('purge_payloads(uuid)')").fetchone()
+            assert found == (None,)
 
 
 @replayable.tool(name="tenancy_lookup")

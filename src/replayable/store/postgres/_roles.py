@@ -40,7 +40,6 @@ __all__ = ["Roles", "init_roles"]
 
 #: The procedures only the maintenance role may call, owned by the steward.
 MAINTENANCE_PROCEDURES = (
-    "purge_payloads(UUID)",
     "erase_data_keys(TEXT, TEXT, DOUBLE PRECISION)",
     "drop_archived_payloads(UUID[])",
     "record_archive_purge(TEXT, DOUBLE PRECISION, UUID[], INTEGER[], TEXT[], TEXT[])",

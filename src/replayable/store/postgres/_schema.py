@@ -557,6 +557,31 @@ def _drop_migration() -> list[str]:
 # to read; the writer's generation check reads them as the schema owner instead.
 _V10_DROPS_PRIVATE: Final = ["ALTER FUNCTION {s}.tier_generation() SECURITY DEFINER"]
 
+# Migration 11: the first maintenance procedure, ``purge_payloads``, overwrote a run's
+# payloads in place, which left its hash chain broken ("altered") for good. Erasure by
+# crypto-shredding and the archive's drop replaced it, so it goes; the append-only
+# triggers now know the steward as the owner of ``erase_data_keys`` instead.
+_V11_NO_PURGE: Final = [
+    """
+    CREATE OR REPLACE FUNCTION {s}.refuse_change() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp AS $$
+    BEGIN
+        IF TG_OP <> 'TRUNCATE' AND EXISTS (
+            SELECT 1 FROM pg_proc p JOIN pg_class c ON c.oid = TG_RELID
+             WHERE p.oid = to_regprocedure('{s}.erase_data_keys(text, text, double precision)')
+               AND p.proowner <> c.relowner
+               AND p.proowner = (SELECT oid FROM pg_roles WHERE rolname = current_user)
+        ) THEN
+            IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+            RETURN NEW;
+        END IF;
+        RAISE EXCEPTION 'replayable: % on %.% refused: the log is append-only',
+            TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME USING ERRCODE = 'RPL01';
+    END $$
+    """,
+    "DROP FUNCTION IF EXISTS {s}.purge_payloads(UUID)",
+]
+
 #: Migration n (1-based) brings a database from version n-1 to n.
 MIGRATIONS: Final[list[list[str]]] = [
     _V1 + _v1_guards(),
@@ -569,6 +594,7 @@ MIGRATIONS: Final[list[list[str]]] = [
     _purge_migration(),
     _drop_migration(),
     _V10_DROPS_PRIVATE,
+    _V11_NO_PURGE,
 ]
 LATEST_VERSION: Final = len(MIGRATIONS)
 

@@ -21,7 +21,8 @@ runs once per statement (an InitPlan), not once per row.
 
 Changing recorded rows is a privilege, not a setting: the append-only
 triggers let an UPDATE or DELETE through only when ``current_user`` is the
-owner of ``purge_payloads`` *and* that owner is not the table owner. That
+owner of ``erase_data_keys`` *and* that owner is not the table owner (until
+migration 11, of the retired ``purge_payloads``). That
 owner is ``<prefix>_steward``, a role nobody logs in as or is a member of,
 made by ``init-roles``; a SECURITY DEFINER maintenance procedure owned by it
 is the one way to become it. The procedure checks, in the database, that the
