@@ -6,7 +6,7 @@ costs no more than serving N events (the tape is loaded only up to N).
 
 *Diff*: ``replayable.diff`` of two 10,000-event runs, (a) a run and its replay-like
 twin with a handful of changed responses, (b) two runs whose every response
-differs, (c) runs of different lengths (inserted steps). Target: <= 0.5 s.
+differs, (c) runs of different lengths (inserted steps). Target: <= 0.2 s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import replayable
 from harness import Config, Section, Target, temp_dir
 from replayable.store.sqlite import SQLiteStore
 
-TARGET_DIFF_S = 0.5
+TARGET_DIFF_S = 0.2
 TARGET_PARTIAL_RATIO = 1.25
 
 _VARIANT: dict[str, Any] = {"every": 0, "skip": ()}

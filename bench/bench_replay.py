@@ -20,7 +20,7 @@ from harness import Config, Section, Target, temp_dir
 from replayable.events.model import Event, Run
 from replayable.store.sqlite import SQLiteStore
 
-TARGET_10K_S = 0.2
+TARGET_10K_S = 0.1
 TARGET_LINEAR = 1.5
 
 

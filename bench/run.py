@@ -33,6 +33,7 @@ import bench_ingest
 import bench_modes
 import bench_postgres
 import bench_replay
+import bench_startup
 import bench_stream
 import bench_tiers
 import bench_web
@@ -44,6 +45,8 @@ DEFAULT_OUTPUT = ROOT / ".replayable" / "bench-results.json"
 QUIET_LOAD = 0.5
 
 BENCHMARKS: dict[str, Callable[[Config], Section]] = {
+    # First: a fresh interpreter per sample, before the others leave files and processes.
+    "startup": bench_startup.run,
     "capture": bench_capture.run,
     "durable": bench_durable.run,
     "http": bench_http.run,
