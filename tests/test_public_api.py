@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
+
+import pytest
 
 import replayable
 
@@ -77,3 +80,47 @@ def test_import_loads_only_what_is_used() -> None:
     assert out.stdout.split("\n")[:3] == ["[]", "True True", "True True True"]
     assert sorted(dir(replayable)) == dir(replayable)
     assert set(replayable.__all__) <= set(dir(replayable))
+
+
+def test_import_loads_nothing_it_can_do_without() -> None:
+    """``import replayable`` loads three modules of its own and none of the standard
+    library's heavier ones (typing with collections, re and enum cost most of its
+    start-up), nor the packages only some commands need; the names still resolve."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import replayable\n"
+        "print(sorted(set(sys.modules) - before))\n"
+        "print(callable(replayable.recording), callable(replayable.tool))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    loaded_line, names_line = out.stdout.splitlines()[:2]
+    loaded = set(ast.literal_eval(loaded_line))
+    ours = {m for m in loaded if m.split(".")[0] == "replayable"}
+    assert ours == {"replayable", "replayable._lazy", "replayable.errors"}
+    for heavy in (
+        "typing",
+        "re",
+        "enum",
+        "collections",
+        "importlib",
+        "asyncio",
+        "pyarrow",
+        "cryptography",
+        "psycopg",
+        "zstandard",
+        "orjson",
+        "msgspec",
+    ):
+        assert heavy not in loaded, heavy
+    assert names_line == "True True"
+
+
+def test_recording_refuses_a_context_that_is_not_a_mapping() -> None:
+    with pytest.raises(TypeError, match="takes a mapping"):
+        replayable.recording("memory://", context=["flag"])  # type: ignore[arg-type]

@@ -7,14 +7,10 @@ with ``replay(run_id)``.
 
 from __future__ import annotations
 
-import importlib
-import os
 import sys
 import types
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
 
-from replayable._lazy import lazy
+from replayable._lazy import import_module, lazy
 from replayable.errors import (
     AccessDeniedError,
     AmbiguousRunIdError,
@@ -36,7 +32,15 @@ from replayable.errors import (
     UntrustedRecordError,
 )
 
+# ``typing.TYPE_CHECKING`` without importing typing (with collections, re and enum it
+# is most of what ``import replayable`` would cost): type checkers take this name
+# for theirs.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import os
+    from collections.abc import Mapping
+    from typing import Any, Literal
+
     from replayable.audit import (  # type: ignore[assignment]
         annotate,
         annotations,
@@ -217,10 +221,12 @@ def recording(
     ``replayable erase --subject customer-123`` can erase them alone. It is kept
     in each run's metadata under ``data_subject``.
     """
+    from collections.abc import Mapping as AnyMapping
+
     from replayable.capture.recording import Recording
 
     if context is not None:
-        if not isinstance(context, Mapping):
+        if not isinstance(context, AnyMapping):
             raise TypeError(
                 f"recording(context=...) takes a mapping (flags, tenant configuration, "
                 f"permissions), not {type(context).__name__}"
@@ -248,7 +254,7 @@ def _shadowed(name: str) -> property:
     comes first and keeps naming the function (the assignment is ignored)."""
 
     def get(self: types.ModuleType) -> Any:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(import_module(_LAZY[name]), name)
 
     def ignore(self: types.ModuleType, value: Any) -> None:
         pass

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any
 
-__all__ = ["lazy"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+__all__ = ["import_module", "lazy"]
+
+
+def import_module(name: str) -> Any:
+    """``importlib.import_module(name)`` for an absolute name, without importing the
+    ``importlib`` package (and ``warnings``) on the way: ``import replayable`` loads
+    only what it cannot do without."""
+    module = sys.modules.get(name)
+    if module is None:
+        __import__(name)
+        module = sys.modules[name]
+    return module
 
 
 def lazy(
@@ -21,7 +34,7 @@ def lazy(
         module = where.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        value = getattr(import_module(module), name)
         namespace[name] = value
         return value
 

@@ -32,8 +32,7 @@ is re-raised on replay as its own type.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
     from replayable.replay.divergence import Divergence
 
