@@ -5,6 +5,7 @@ server on 127.0.0.1:4222 and the real PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import time
@@ -23,7 +24,8 @@ from replayable.cli import app
 from replayable.errors import ConfigurationError, RunNotFoundError, StoreUnavailableError
 from replayable.store import open_store
 from replayable.store.postgres import PostgresStore
-from replayable.store.stream import StreamStore, decode, parse_stream_url
+from replayable.store.stream import StreamStore, parse_stream_url
+from replayable.store.stream._wire import encode, message_id, records, run_subject
 from replayable.store.verify import verify_store
 from tests import test_store_contract as contract
 from tests.faultproxy import FaultProxy
@@ -77,20 +79,39 @@ def compact(url: str, **kwargs: Any) -> Any:
     return Compactor(url, **kwargs).run(until_idle=0.2, max_seconds=30)
 
 
-def messages(store: StreamStore) -> list[tuple[str, str | None, str, Any]]:
-    """Every message in the stream: (subject, message id, kind, record)."""
+def raw_messages(store: StreamStore) -> list[tuple[str, str | None, bytes]]:
+    """Every message in the stream: (subject, message id, body)."""
 
-    async def read() -> list[tuple[str, str | None, str, Any]]:
+    async def read() -> list[tuple[str, str | None, bytes]]:
         js = await store.client.js()
         info = await js.stream_info(store.stream)
         out = []
         for seq in range(info.state.first_seq, info.state.last_seq + 1):
             msg = await js.get_msg(store.stream, seq)
-            kind, record = decode(msg.data)
-            out.append((msg.subject, (msg.headers or {}).get("Nats-Msg-Id"), kind, record))
+            out.append((msg.subject, (msg.headers or {}).get("Nats-Msg-Id"), msg.data))
         return out
 
     return store.client.run(read(), "reading", timeout=20)
+
+
+def messages(store: StreamStore) -> list[tuple[str, str | None, str, Any]]:
+    """Every record in the stream: (subject, its message's id, kind, record)."""
+    return [
+        (subject, mid, kind, record)
+        for subject, mid, body in raw_messages(store)
+        for kind, record in records(body)
+    ]
+
+
+def publish_raw(store: StreamStore, items: list[tuple[str, str | None, bytes]]) -> None:
+    """Publish ``(subject, message id or None, body)`` each as it is."""
+
+    async def go() -> None:
+        js = await store.client.js()
+        for subject, mid, body in items:
+            await js.publish(subject, body, headers={"Nats-Msg-Id": mid} if mid else None)
+
+    store.client.run(go(), "publishing", timeout=20)
 
 
 # -- the URL --------------------------------------------------------------------------
@@ -155,22 +176,32 @@ def test_unreachable_server_is_unavailable_at_once() -> None:
 def test_records_are_published_by_tenant_workflow_and_run_with_their_keys(
     store: StreamStore, tmp_path: Path
 ) -> None:
-    """Each record is one message on <stream>.<tenant>.<workflow>.<run>, its id the key."""
+    """A batch's records of a run are one frame on <stream>.<tenant>.<workflow>.<run>,
+    its id the run, its first and last record's keys and a digest of its body."""
     with replayable.recording(store, spool_dir=tmp_path, metadata={"team": "x"}) as rec:
         assert ingest_agent(4) == 18
     (run_id,) = rec.run_ids
+    subject = f"{store.stream}._.ingest_agent.{run_id}"
+    keys = {"s": lambda r: "s", "e": lambda r: str(r.seq), "x": lambda r: "x"}
+    for subj, mid, body in raw_messages(store):
+        if body[:1] == b"b":
+            continue
+        assert (subj, body[:1]) == (subject, b"f")
+        held = records(body)
+        first, last = keys[held[0][0]](held[0][1]), keys[held[-1][0]](held[-1][1])
+        digest = hashlib.sha256(body).hexdigest()[:16]
+        assert mid == f"{run_id}:{first}-{last}:{digest}"
     # In stream order as a rule; a publish that timed out on a loaded machine is spooled
-    # and sent again later, so the set of messages is what is checked, in record order.
+    # and sent again later, so the set of records is what is checked, in record order.
     order = {"s": 0, "e": 1, "x": 2}
     found = sorted(
         (m for m in messages(store) if m[2] != "b"),
         key=lambda m: (order[m[2]], getattr(m[3], "seq", 0)),
     )
-    subject = f"{store.stream}._.ingest_agent.{run_id}"
-    assert [(s, mid, kind) for s, mid, kind, _ in found] == [
-        (subject, f"{run_id}:s", "s"),
-        *[(subject, f"{run_id}:{i}", "e") for i in range(1, 5)],
-        (subject, f"{run_id}:x", "x"),
+    assert [(s, kind) for s, _, kind, _ in found] == [
+        (subject, "s"),
+        *[(subject, "e") for i in range(1, 5)],
+        (subject, "x"),
     ]
     assert [r.seq for _, _, k, r in found if k == "e"] == [1, 2, 3, 4]
     # The records carry the writer's hash chain.
@@ -185,10 +216,95 @@ def test_a_retried_publish_is_dropped_by_the_server(store: StreamStore) -> None:
     events = make_events(run_id, 5)
     store.append([start], events, [make_end(run_id, events)])
     depth = stream_state(store.url)["depth"]
-    assert depth == 7
+    assert depth == 1  # one frame
     store.append([start], events, [make_end(run_id, events)])  # the same batch again
     assert stream_state(store.url)["depth"] == depth
     assert messages(store)[0][0] == f"{store.stream}.acme.triage.{run_id}"
+
+
+def test_a_retry_batched_otherwise_is_kept_and_written_once(store: StreamStore, url: str) -> None:
+    """A publish that failed part way and is sent again in other batches (the spool
+    drained as one batch, say) makes frames of other ids: the server keeps them all, the
+    compactor writes each record once, and no id ever names two different frames."""
+    run_id = new_id(11)
+    start = start_of(run_id)
+    events = make_events(run_id, 9)
+    end = make_end(run_id, events)
+    store.append([start], events[:4], [])  # acknowledged, then the writer retried
+    store.append([start], events[:7], [])  # the retry, a larger batch
+    store.append([], events[2:], [end])  # and the rest, overlapping again
+    store.append([], events[2:], [end])  # an exact retry: dropped by the server
+    frames = raw_messages(store)
+    assert len(frames) == 3
+    assert len({mid for _, mid, _ in frames}) == 3
+    assert [e.seq for e in store.events(run_id)] == list(range(1, 10))
+    report = compact(url)
+    assert report.records == 11
+    assert report.skipped == 21 - 11  # three frames of 5, 8 and 8 records
+    assert stream_state(url)["depth"] == 0
+    assert [e.seq for e in store.sink.events(run_id)] == list(range(1, 10))
+    assert store.sink.get_run(run_id).status == "completed"
+    assert verify_store(store.sink).ok
+    # The same overlap split over separate fetches (one message each): once too.
+    other = new_id(12)
+    events = make_events(other, 5)
+    store.append([start_of(other)], events[:3], [])
+    store.append([start_of(other)], events, [make_end(other, events)])
+    report = compact(url, batch=1)
+    assert (report.records, report.skipped) == (7, 4)
+    assert [e.seq for e in store.sink.events(other)] == [1, 2, 3, 4, 5]
+    assert verify_store(store.sink).ok
+
+
+def test_frames_stay_under_the_servers_message_size(store: StreamStore, url: str) -> None:
+    """A run's batch larger than a message may be is cut into frames that each fit; a
+    record larger than that goes alone in its frame."""
+    run_id = new_id(13)
+    events = make_events(run_id, 40)
+    size = len(encode("e", events[0]))
+    store.client.max_payload = 1024 + 5 * size  # about four events a frame
+    store.append([start_of(run_id)], events, [make_end(run_id, events)])
+    frames = raw_messages(store)
+    assert 8 <= len(frames) <= 14
+    assert all(len(body) <= 5 * size for _, _, body in frames)
+    assert [r.seq for _, _, k, r in messages(store) if k == "e"] == list(range(1, 41))
+    store.client.max_payload = 1024 + size // 2  # smaller than one record
+    lone = new_id(14)
+    few = make_events(lone, 3)
+    store.append([start_of(lone)], few, [make_end(lone, few)])
+    assert [len(records(body)) for _, _, body in raw_messages(store)[len(frames) :]] == [
+        1, 1, 1, 1, 1
+    ]  # fmt: skip
+    report = compact(url, batch=3)
+    assert report.records == 42 + 5
+    assert [e.seq for e in store.sink.events(run_id)] == list(range(1, 41))
+    assert [e.seq for e in store.sink.events(lone)] == [1, 2, 3]
+    assert verify_store(store.sink).ok
+
+
+def test_records_published_one_a_message_still_read_and_compact(
+    store: StreamStore, url: str
+) -> None:
+    """A stream written before frames (one record a message, its key the id) reads as
+    pending and compacts, beside frames of the same run."""
+    run_id = new_id(15)
+    start = start_of(run_id)
+    events = make_events(run_id, 6)
+    end = make_end(run_id, events)
+    subject = run_subject(store.prefix, None, start.workflow, run_id)
+    old = [(subject, message_id("s", start), encode("s", start))]
+    old += [(subject, message_id("e", e), encode("e", e)) for e in events[:4]]
+    publish_raw(store, old)
+    assert store.pending_runs() == {run_id: 5}
+    assert [e.seq for e in store.events(run_id)] == [1, 2, 3, 4]
+    assert store.get_run(run_id).status == "incomplete"
+    store.append([], events[3:], [end])  # the writer, upgraded, goes on in frames
+    assert [e.seq for e in store.events(run_id)] == [1, 2, 3, 4, 5, 6]
+    report = compact(url)
+    assert (report.records, report.skipped) == (8, 1)
+    assert [e.seq for e in store.sink.events(run_id)] == [1, 2, 3, 4, 5, 6]
+    assert store.sink.get_run(run_id).status == "completed"
+    assert verify_store(store.sink).ok
 
 
 # -- reading what is not compacted yet -------------------------------------------------
@@ -199,7 +315,7 @@ def test_a_run_still_in_the_stream_is_read_from_it(store: StreamStore, url: str)
     start = start_of(run_id)
     events = make_events(run_id, 6)
     store.append([start], events[:4], [])
-    assert store.pending_runs() == {run_id: 5}
+    assert store.pending_runs() == {run_id: 1}  # messages: one frame
     assert store.get_run(run_id).status == "incomplete"
     assert [e.seq for e in store.events(run_id)] == [1, 2, 3, 4]
     assert [r.run_id for r in store.list_runs()] == [run_id]
@@ -301,14 +417,13 @@ def test_a_batch_delivered_again_after_its_commit_is_skipped(store: StreamStore,
         # Cut differently from the first delivery (the sink's batch digest differs).
         for kind, rows in zip("sex", ([], events[2:], records[2]), strict=True):
             for r in rows:
-                from replayable.store.stream._wire import encode, run_subject
-
                 await js.publish(run_subject(store.prefix, None, "triage", run_id), encode(kind, r))
         await js.publish(f"{store.prefix}._.triage.{run_id}", b"zgarbage")
+        await js.publish(f"{store.prefix}._.triage.{run_id}", b"f\x93\x90garbage")
 
     store.client.run(again(), "publishing again", timeout=20)
     report = compact(url)
-    assert (report.records, report.skipped, report.rejected) == (0, 7, 1)
+    assert (report.records, report.skipped, report.rejected) == (0, 7, 2)
     assert stream_state(url)["depth"] == 0
     assert [e.seq for e in store.sink.events(run_id)] == list(range(1, 9))
     assert verify_store(store.sink).ok
@@ -326,7 +441,7 @@ def test_a_run_the_sink_refuses_for_good_does_not_hold_the_others(
     # The id's line break never reached the wire as a frame of its own.
     found = messages(store)
     assert len(found) == 6
-    assert "not-a-uuid__PUB_x_1:s" in [mid for _, mid, _, _ in found]
+    assert any(str(mid).startswith("not-a-uuid__PUB_x_1:s-s:") for _, mid, _, _ in found)
     report = compact(url)
     assert (report.records, report.rejected) == (5, 1)
     assert stream_state(url)["depth"] == 0
@@ -343,7 +458,7 @@ def test_compactor_command_and_status(store: StreamStore, url: str, sink_url: st
     shown = runner.invoke(app, ["status", "--stream", source, "--json", *quiet])
     body = json.loads(shown.stdout)
     (row,) = body["streams"]
-    assert (row["depth"], row["lag"], row["compactors"]) == (5, None, [])
+    assert (row["depth"], row["lag"], row["compactors"]) == (1, None, [])  # one frame
     assert row["oldest_at"] is not None
     assert time.time() - row["oldest_at"] < 60
     # Not compacted yet: a listing shows the run, a search says what it cannot see.
@@ -359,7 +474,7 @@ def test_compactor_command_and_status(store: StreamStore, url: str, sink_url: st
     assert "compacted 5 record(s)" in ran.stdout
     shown = runner.invoke(app, ["status", "--stream", source, *quiet])
     assert f"stream {store.stream}" in shown.stdout
-    assert "0 record(s)" in shown.stdout
+    assert "0 message(s)" in shown.stdout
     assert "0 not delivered" in shown.stdout
     listed = runner.invoke(app, ["--store", url, "runs", "--json"])
     assert run_id in listed.stdout

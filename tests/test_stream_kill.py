@@ -45,7 +45,11 @@ def fed_agent(n: int) -> int:
 
 def _work(source: str, sink: str, name: str, until_idle: float | None) -> None:
     logging.disable(logging.WARNING)  # a killed peer's batches coming again are expected
-    Compactor(source, sink, name=name, batch=100, ack_wait=1.5).run(until_idle=until_idle)
+    # Two messages a fetch (frames of a run's records each): many batches in flight
+    # over the trials, so that a kill lands while one is held.
+    Compactor(source, sink, name=name, batch=2, fetch_bytes=1, ack_wait=1.5).run(
+        until_idle=until_idle
+    )
 
 
 def _compactor(
@@ -60,12 +64,12 @@ def _compactor(
     return proc
 
 
-def _wait_for_depth(url: str, depth: float, seed: int, timeout: float = 60.0) -> None:
-    """Wait until the stream holds at most ``depth`` records (the compactors progressed)."""
+def _wait_for_sink(check: PostgresStore, done: float, seed: int, timeout: float = 60.0) -> None:
+    """Wait until the sink holds at least ``done`` events (the compactors progressed)."""
     deadline = time.monotonic() + timeout
-    while (left := stream_state(url)["depth"]) > depth:
+    while (got := check.query("SELECT count(*) FROM agent_execution_events")[0][0]) < done:
         assert time.monotonic() < deadline, (
-            f"the compactors stalled at {left} records, waiting for {depth:.0f} (seed {seed})"
+            f"the compactors stalled at {got} events, waiting for {done:.0f} (seed {seed})"
         )
         time.sleep(0.01)
 
@@ -87,17 +91,19 @@ def test_killed_compactors_store_every_record_once(
                 fed_agent(EVENTS)
     finally:
         store.close()
+    # Frames of a run's records: more than one message a run, far fewer than records.
     backlog = stream_state(url)["depth"]
-    assert backlog >= RUNS * EVENTS, backlog
+    assert RUNS <= backlog < RUNS * EVENTS, backlog
     procs = {name: _compactor(source, sink, name) for name in ("a", "b")}
     kills = 0
+    progress = PostgresStore(sink)
     try:
         for trial in range(TRIALS):
             # Kills are paced by the compactors' progress, not by the clock, so they land
             # while there is work however fast or slow the machine is: the i-th kill comes
-            # once the backlog is down to (1 - (i+1)/(TRIALS+5)) of itself, at a random
-            # moment of a batch.
-            _wait_for_depth(url, backlog * (1 - (trial + 1) / (TRIALS + 5)), seed)
+            # once the sink holds (i+1)/(TRIALS+5) of the events, at a random moment of a
+            # batch.
+            _wait_for_sink(progress, RUNS * EVENTS * (trial + 1) / (TRIALS + 5), seed)
             time.sleep(rng.uniform(0.0, 0.05))
             name = rng.choice(sorted(procs))
             procs[name].kill()  # SIGKILL
@@ -115,6 +121,7 @@ def test_killed_compactors_store_every_record_once(
             assert proc.exitcode == 0
         state = stream_state(url)
     finally:
+        progress.close()
         for proc in procs.values():
             if proc.is_alive():
                 proc.kill()

@@ -3,8 +3,10 @@
 Every compactor of a stream pulls from one durable consumer (``compactor`` by
 default) on the stream's work queue, so the server hands each message to one
 of them and adding a process adds throughput. A compactor fetches up to
-``batch`` messages, writes their records to the sink in one ``append`` (COPY
-on PostgreSQL) and acknowledges them only once the sink committed. A message
+``batch`` messages and ``fetch_bytes`` bytes (a message is a frame of one
+run's records, or one record in a stream written before frames), writes their
+records to the sink in one ``append`` (COPY on PostgreSQL) and acknowledges the
+messages only once the sink committed. A message
 that is not acknowledged (a compactor killed, a sink down) is delivered again
 after the consumer's ack wait.
 
@@ -43,7 +45,7 @@ from replayable.errors import AppendOnlyError, ConfigurationError, RunNotFoundEr
 from replayable.events.model import Event, RunEnd, RunStart
 from replayable.store.base import EventStore
 from replayable.store.stream import StreamStore, decode, ensure_stream, parse_stream_url
-from replayable.store.stream._wire import decode_event
+from replayable.store.stream._wire import decode_event, decode_frame
 
 __all__ = ["Compactor", "CompactorReport", "compactor_states", "stream_state"]
 
@@ -58,6 +60,9 @@ RETRY_DELAY_S: Final = 0.5
 _KNOWN_CAP: Final = 200_000
 #: The control line of a delivery: ``HMSG <subject> <sid> <reply> <header bytes> <bytes>``.
 _DELIVERY: Final = re.compile(rb"HMSG ([^ \r\n]+) [^ \r\n]+ ([^ \r\n]+) (\d+) (\d+)\r\n")
+#: The most message bytes one fetch takes (raised to twice the largest message the
+#: server allows): with frames of about a megabyte, four of them to a sink write.
+FETCH_BYTES: Final = 4 << 20
 #: Seconds between reports to the status bucket.
 REPORT_EVERY_S: Final = 2.0
 
@@ -99,6 +104,7 @@ class Compactor:
         *,
         consumer: str = DEFAULT_CONSUMER,
         batch: int = 2048,
+        fetch_bytes: int = FETCH_BYTES,
         name: str | None = None,
         archive: str | None = None,
         archive_every: float = 60.0,
@@ -111,6 +117,8 @@ class Compactor:
         )
         if batch < 1:
             raise ConfigurationError(f"batch must be at least 1, not {batch}")
+        if fetch_bytes < 1:
+            raise ConfigurationError(f"fetch_bytes must be at least 1, not {fetch_bytes}")
         #: Whether the sink was opened here (and is closed when ``run`` returns).
         self.owns_sink = not isinstance(sink, EventStore)
         if isinstance(sink, EventStore):
@@ -125,6 +133,7 @@ class Compactor:
             raise ConfigurationError(f"ack_wait must be positive seconds, not {ack_wait!r}")
         self.consumer = consumer
         self.batch = batch
+        self.fetch_bytes = fetch_bytes
         self.ack_wait = ack_wait
         self.archive = archive or options.get("archive")
         self.archive_every = archive_every
@@ -276,6 +285,9 @@ class Compactor:
                 data._process_headers = _status_only  # type: ignore[method-assign]
             puller = _Puller(data, cfg.stream, self.consumer, cfg.timeout)
             await puller.start()
+        # Never under what one message may be: the server would answer a request
+        # whose bound its next message exceeds with none, every time.
+        puller.max_bytes = max(self.fetch_bytes, 2 * puller.max_payload)
         self._sub = puller
         try:
             self._kv = await self._js.create_key_value(
@@ -309,10 +321,24 @@ class Compactor:
         events = batch.events
         for msg in msgs:
             data = msg.data
-            # Nearly every message is an event: decoded straight into the Event type
-            # (the same decoder `decode` uses); anything else, or an event that does not
-            # decode, goes through `decode`, which names what is wrong.
-            if data[:1] == b"e":
+            # Nearly every message is a frame of one run's records (or, written before
+            # frames, one event): decoded straight into the record types (the decoders
+            # `decode` uses); anything else, or a message that does not decode, goes
+            # through `decode`, which names what is wrong.
+            head = data[:1]
+            if head == b"f":
+                try:
+                    frame = decode_frame(memoryview(data)[1:])
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    pass
+                else:
+                    if frame.starts:
+                        batch.starts += [(msg, r) for r in frame.starts]
+                    events += [(msg, r) for r in frame.events]
+                    if frame.ends:
+                        batch.ends += [(msg, r) for r in frame.ends]
+                    continue
+            elif head == b"e":
                 try:
                     events.append((msg, decode_event(memoryview(data)[1:])))
                     continue
@@ -330,7 +356,9 @@ class Compactor:
                 self.report.rejected += 1
                 await self._sub.term([msg])
                 continue
-            if kind == "e":
+            if kind == "f":  # not reached: a frame that decodes is taken above
+                events += [(msg, r) for r in record.events]
+            elif kind == "e":
                 events.append((msg, record))
             elif kind == "s":
                 batch.starts.append((msg, record))
@@ -372,7 +400,7 @@ class Compactor:
         msgs = batch.msgs
         if stored is None:
             stored = self._submit(batch)
-        self.report.in_flight = len(msgs)
+        self.report.in_flight = batch.size()
         # In stream order: the first is the oldest.
         self.report.oldest_in_flight = _published_at(msgs[0].reply) if msgs else None
         try:
@@ -391,18 +419,25 @@ class Compactor:
         finally:
             self.report.in_flight = 0
             self.report.oldest_in_flight = None
+        held = (*batch.starts, *batch.events, *batch.ends)
+        # A message is settled once: a frame holds many records, and a message any of
+        # whose records waits or is refused waits or is refused whole (those of its
+        # records written already are skipped as stored when it comes again).
         if batch.refused:
             # Taken off the queue: no write can ever store them.
-            self.report.rejected += len(batch.refused)
-            await self._sub.term(batch.refused)
-            gone = {id(m) for m in batch.refused}
+            refused = _unique(batch.refused)
+            await self._sub.term(refused)
+            gone = {id(m) for m in refused}
+            self.report.rejected += sum(1 for m, _ in held if id(m) in gone)
             deferred = [m for m in deferred if id(m) not in gone]
-        later = {id(m) for m in deferred} | {id(m) for m in batch.refused}
-        settle = [m for m, _ in (*batch.blobs, *batch.starts, *batch.events, *batch.ends)]
-        settle = [m for m in settle if id(m) not in later]
+        deferred = _unique(deferred)
+        back = {id(m) for m in deferred}
+        later = back | {id(m) for m in batch.refused}
+        settle = _unique([m for m, _ in (*batch.blobs, *held)], later)
+        settled = len(held) if not later else sum(1 for m, _ in held if id(m) not in later)
         await self._sub.ack(settle)
         if deferred:
-            self.report.deferred += len(deferred)
+            self.report.deferred += sum(1 for m, _ in held if id(m) in back)
             await self._sub.nak(deferred, RETRY_DELAY_S)
         # That the acks reached the server is confirmed off the batches' path (a lost ack
         # only brings the batch again, skipped as stored): before the next batch's.
@@ -411,7 +446,7 @@ class Compactor:
         self._flushing = asyncio.ensure_future(self._sub.flush())
         self.report.batches += 1
         self.report.records += written
-        self.report.skipped += len(settle) - written - len(batch.blobs)
+        self.report.skipped += settled - written
         self.report.last_commit_at = time.time()
         self.report.last_error = None
 
@@ -559,11 +594,24 @@ class Compactor:
                 if run.end is not None:
                     have_end.add(run_id)
                 have_event |= {(run_id, e.seq) for e in self.sink.events(run_id)}
-        return (
-            [s for s in starts if s.run_id not in have_start],
-            [e for e in events if (e.run_id, e.seq) not in have_event],
-            [x for x in ends if x.run_id not in have_end],
-        )
+        # A record twice in one batch (two frames of it, a spool drained after the
+        # server's duplicate window) goes in once, the first time it came.
+        out_starts: list[RunStart] = []
+        for s in starts:
+            if s.run_id not in have_start:
+                have_start.add(s.run_id)
+                out_starts.append(s)
+        out_events: list[Event] = []
+        for e in events:
+            if (e.run_id, e.seq) not in have_event:
+                have_event.add((e.run_id, e.seq))
+                out_events.append(e)
+        out_ends: list[RunEnd] = []
+        for x in ends:
+            if x.run_id not in have_end:
+                have_end.add(x.run_id)
+                out_ends.append(x)
+        return out_starts, out_events, out_ends
 
     # -- archive and status ------------------------------------------------------------
 
@@ -609,12 +657,17 @@ class _Puller:
         self.prefix = f"{nc.new_inbox()}." if nc is not None else ""
         self.timeout = timeout
         self.got: list[Any] = []
+        #: The most bytes one pull request is answered with (0: no bound).
+        self.max_bytes = 0
+        #: The most bytes a message may have on this server.
+        self.max_payload = 1 << 20
         self.want = 0
         self.current = ""
         self.answered = asyncio.Event()
         self._n = 0
 
     async def start(self) -> None:
+        self.max_payload = int(getattr(self.nc, "max_payload", 0) or self.max_payload)
         await self.nc.subscribe(self.prefix + "*", cb=self._on)
 
     async def _on(self, msg: Any) -> None:
@@ -643,6 +696,8 @@ class _Puller:
         self.want = n
         self.answered.clear()
         body: dict[str, Any] = {"batch": n - len(self.got)}
+        if self.max_bytes:
+            body["max_bytes"] = self.max_bytes
         if wait is None:
             body["no_wait"] = True
         else:
@@ -723,6 +778,7 @@ class _RawPuller(_Puller):
         if info.get("tls_required") or info.get("auth_required") or not info.get("headers"):
             writer.close()
             raise _NeedsClient
+        self.max_payload = int(info.get("max_payload") or self.max_payload)
         connect = orjson.dumps(
             {"verbose": False, "pedantic": False, "headers": True, "no_responders": True,
              "protocol": 1, "lang": "python", "name": "replayable-compactor"}
@@ -820,10 +876,11 @@ class _RawPuller(_Puller):
         self.answered.clear()
         batch = n - len(self.got)
         if batch > 0:
+            bound = b',"max_bytes":%d' % self.max_bytes if self.max_bytes else b""
             body = (
-                b'{"batch":%d,"no_wait":true}' % batch
+                b'{"batch":%d%s,"no_wait":true}' % (batch, bound)
                 if wait is None
-                else b'{"batch":%d,"expires":%d}' % (batch, int(wait * 1e9))
+                else b'{"batch":%d%s,"expires":%d}' % (batch, bound, int(wait * 1e9))
             )
             self._send(
                 b"PUB %s %s %d\r\n%s\r\n"
@@ -915,6 +972,15 @@ class _Batch:
         self.events: list[tuple[Any, Event]] = []
         self.ends: list[tuple[Any, RunEnd]] = []
         self.blobs: list[tuple[Any, tuple[str, bytes]]] = []
+
+    def size(self) -> int:
+        """How many records the batch holds."""
+        return len(self.starts) + len(self.events) + len(self.ends) + len(self.blobs)
+
+
+def _unique(msgs: Sequence[Any], leave: set[int] | frozenset[int] = frozenset()) -> list[Any]:
+    """``msgs`` once each, in order, but those whose id is in ``leave``."""
+    return [m for i, m in {id(m): m for m in msgs}.items() if i not in leave]
 
 
 def _text(value: str | bytes) -> str:

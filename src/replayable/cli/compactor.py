@@ -49,7 +49,22 @@ def compactor(
     consumer: Annotated[
         str, typer.Option(help="The durable consumer every compactor of the stream shares.")
     ] = "compactor",
-    batch: Annotated[int, typer.Option(help="Most records per sink write.", min=1)] = 2048,
+    batch: Annotated[
+        int,
+        typer.Option(
+            help="Most messages per fetch (and so per sink write); a message is a frame of "
+            "one run's records, or one record in a stream written before frames.",
+            min=1,
+        ),
+    ] = 2048,
+    fetch_bytes: Annotated[
+        int,
+        typer.Option(
+            help="Most message bytes per fetch (raised to twice the largest message the "
+            "server allows).",
+            min=1,
+        ),
+    ] = 4 << 20,
     ack_wait: Annotated[
         float,
         typer.Option(
@@ -82,6 +97,7 @@ def compactor(
         source if sink is None else f"{source}{'&' if '?' in source else '?'}sink={sink}",
         consumer=consumer,
         batch=batch,
+        fetch_bytes=fetch_bytes,
         ack_wait=ack_wait,
         name=name,
         archive=archive,

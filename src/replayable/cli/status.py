@@ -139,7 +139,7 @@ def _print_stream(out: Any, found: dict[str, Any]) -> None:
     lag = "no compactor has run" if found["lag"] is None else f"{found['lag']:,} not delivered"
     unacked = found["unacknowledged"]
     out.print(
-        f"stream {found['stream']} on {found['server']}: {found['depth']:,} record(s) "
+        f"stream {found['stream']} on {found['server']}: {found['depth']:,} message(s) "
         f"({found['bytes']:,} bytes) not compacted, oldest {_age(found['oldest_at'])}; "
         f"consumer {found['consumer']}: {lag}"
         + ("" if unacked is None else f", {unacked:,} delivered and not acknowledged")

@@ -58,6 +58,9 @@ class StreamClient:
         self._acks: dict[str, asyncio.Future[bytes]] | None = None
         self._ack_prefix = ""
         self._next_token = 0
+        #: The most bytes a message may have (headers included) on the server last
+        #: connected to; NATS's default until then.
+        self.max_payload = 1 << 20
 
     # -- calls from other threads ------------------------------------------------
 
@@ -138,6 +141,7 @@ class StreamClient:
             max_reconnect_attempts=0,
             name="replayable",
         )
+        self.max_payload = int(getattr(self._nc, "max_payload", 0) or self.max_payload)
         js = self._nc.jetstream(timeout=cfg.timeout)
         if not self._made:
             await ensure_stream(js, cfg)

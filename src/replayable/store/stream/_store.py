@@ -1,8 +1,8 @@
 """A store whose writes go to a NATS JetStream stream and whose reads come from its sink.
 
 ``open_store("nats://127.0.0.1:4222?stream=replayable&sink=postgresql://…")``:
-the writer publishes every record of a batch as one message (see ``_wire``)
-and ``append`` returns once JetStream acknowledged each of them (stored on as
+the writer publishes a batch's records of each run as one message, a frame (see
+``_wire``), and ``append`` returns once JetStream acknowledged each of them (stored on as
 many replicas as the stream keeps). When the server cannot be reached, or
 does not acknowledge within the timeout, ``append`` raises
 :class:`StoreUnavailableError` and the writer spools and drains as it does for
@@ -37,7 +37,9 @@ from replayable.store.stream._wire import (
     BLOB_TOKEN,
     decode,
     encode,
+    frames,
     message_id,
+    records,
     run_filter,
     run_subject,
     token,
@@ -224,9 +226,9 @@ class StreamStore(EventStore):
             for _, body in self.client.run(
                 self.client.read(run_filter(self.prefix, run_id), limit=1), "reading a run"
             ):
-                kind, record = decode(body)
-                if kind == "s":
-                    return record  # type: ignore[no-any-return]
+                for kind, record in records(body):
+                    if kind == "s":
+                        return record  # type: ignore[no-any-return]
         except (StoreError, ConfigurationError):
             pass
         try:
@@ -247,29 +249,42 @@ class StreamStore(EventStore):
         *,
         durable: bool = False,
     ) -> None:
-        """Publish every record and return once JetStream acknowledged them all."""
+        """Publish the records, one frame per run (a run's records over the size a
+        message may have in several), and return once JetStream acknowledged them all."""
         if not (starts or events or ends):
             return
-        messages: list[tuple[str, str, bytes]] = []
+        runs: dict[str, tuple[list[RunStart], list[Event], list[RunEnd]]] = {}
         for s in starts:
             subject = run_subject(self.prefix, s.tenant or self._sink_tenant, s.workflow, s.run_id)
             self._remember(s.run_id, subject)
-            messages.append((subject, message_id("s", s), encode("s", s)))
-        subjects = self._subjects
-        # Message ids travel in a header line: a run id is taken as a subject token is
-        # (an id holding a line break could otherwise write frames of its own).
-        ids: dict[str, str] = {}
-        for e in events:
-            subject = subjects.get(e.run_id) or self._subject(e.run_id)
-            rid = ids.get(e.run_id)
-            if rid is None:
-                rid = ids[e.run_id] = token(e.run_id)
-            messages.append((subject, f"{rid}:{e.seq}", encode("e", e)))
+            runs.setdefault(s.run_id, ([], [], []))[0].append(s)
+        # Consecutive events of one run are taken as a slice: a writer's batch holds
+        # long stretches of a run.
+        i, n = 0, len(events)
+        while i < n:
+            run_id = events[i].run_id
+            j = i + 1
+            while j < n and events[j].run_id == run_id:
+                j += 1
+            runs.setdefault(run_id, ([], [], []))[1].extend(events[i:j])
+            i = j
         for x in ends:
-            messages.append((self._subject(x.run_id), message_id("x", x), encode("x", x)))
-        self.client.run(self.client.publish(messages), f"publishing {len(messages)} record(s)")
+            runs.setdefault(x.run_id, ([], [], []))[2].append(x)
+        # Room left in a message for its headers (message id, expected stream).
+        limit = self.client.max_payload - 1024
+        messages: list[tuple[str, str, bytes]] = []
+        for run_id, (rs, re_, rx) in runs.items():
+            subject = self._subjects.get(run_id) or self._subject(run_id)
+            # Message ids travel in a header line: a run id is taken as a subject token
+            # is (an id holding a line break could otherwise write frames of its own).
+            for mid, body in frames(token(run_id), rs, re_, rx, limit):
+                messages.append((subject, mid, body))
+        self.client.run(
+            self.client.publish(messages),
+            f"publishing {len(starts) + len(events) + len(ends)} record(s)",
+        )
         for x in ends:
-            subjects.pop(x.run_id, None)
+            self._subjects.pop(x.run_id, None)
 
     def put_blob(self, digest: str, data: bytes) -> None:
         subject = f"{self.prefix}.{BLOB_TOKEN}.{token(digest)}"
@@ -318,22 +333,24 @@ class StreamStore(EventStore):
             ) from exc
         for seq, body in messages:
             try:
-                kind, record = decode(body)
+                held = records(body)
             except ConfigurationError as exc:
                 log.warning("replayable: stream %s message %d: %s", self.stream, seq, exc)
                 continue
-            if getattr(record, "run_id", None) != run_id:
-                continue
-            if kind == "s":
-                found.start = record
-            elif kind == "e":
-                found.events.setdefault(record.seq, record)
-            elif kind == "x":
-                found.end = record
+            for kind, record in held:
+                if getattr(record, "run_id", None) != run_id:
+                    continue
+                if kind == "s":
+                    found.start = record
+                elif kind == "e":
+                    found.events.setdefault(record.seq, record)
+                elif kind == "x":
+                    found.end = record
         return found
 
     def pending_runs(self, limit: int = PENDING_LISTED) -> dict[str, int]:
-        """Runs with records still in the stream, and how many each (at most ``limit``)."""
+        """Runs with records still in the stream, and how many messages each holds (at
+        most ``limit`` runs; a frame is one message of many records)."""
         counts = self.client.run(
             self.client.subject_counts(f"{self.prefix}.*.*.*"), "reading the stream's subjects"
         )

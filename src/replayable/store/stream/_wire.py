@@ -1,21 +1,35 @@
-"""What one record looks like on the stream: its subject, its message id, its bytes.
+"""What records look like on the stream: their subject, message id and bytes.
 
-Every record is one message. The subject is
+The writer publishes a batch's records of one run as one message, a *frame*
+(see :func:`frames`); a stream may also hold messages of one record each, the
+form before frames, which every reader still takes. The subject is
 ``<prefix>.<tenant>.<workflow>.<run id>`` (``_`` for no tenant; a workflow's
 characters that NATS reserves become ``_``), so a subscriber can take one
 tenant, one workflow or one run, and a reader finds a run's records still in
 the stream by ``<prefix>.*.*.<run id>``. Blobs go to ``<prefix>._blob.<digest>``.
 
-The message id (``Nats-Msg-Id``) is the record's key, so the server drops a
-publish it has taken already (within the stream's duplicate window): a start
-is ``<run id>:s``, an event ``<run id>:<seq>``, an end ``<run id>:x``, a blob
-``b:<digest>``. The body is one letter of kind then the record in msgpack,
-exactly as the writer built it (hash chain included).
+The message id (``Nats-Msg-Id``) is a key of what the message holds, so the
+server drops a publish it has taken already (within the stream's duplicate
+window). A frame's is ``<run id>:<first>-<last>:<digest>``: its first and last
+record's keys (``s`` for the start, the seq of an event, ``x`` for the end) and
+64 bits of the SHA-256 of its body. The same records published again make the
+same bytes and so the same id; records batched otherwise make another frame with
+another id, which the server keeps, and the compactor writes each record once
+all the same (the sink holds a record once: UNIQUE (run_id, seq)). One id never
+names two different frames, so a deduplicated publish never drops a record.
+A single record's id is its key: ``<run id>:s``, ``<run id>:<seq>``,
+``<run id>:x``; a blob's ``b:<digest>``.
+
+The body is one letter of kind, then msgpack: for a frame (``f``) the array
+``[starts, events, ends]`` of the records, for a single record (``s``, ``e``,
+``x``, ``b``) the record, exactly as the writer built it (hash chain included).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -25,18 +39,33 @@ from replayable.events.model import Event, RunEnd, RunStart
 
 __all__ = [
     "BLOB_TOKEN",
+    "Frame",
     "decode",
     "decode_event",
+    "decode_frame",
     "encode",
+    "frames",
     "message_id",
+    "records",
     "run_filter",
     "run_subject",
     "token",
 ]
 
 BLOB_TOKEN: Final = "_blob"
+
+
+class Frame(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """The records of one run in one message, each list in the writer's order."""
+
+    starts: list[RunStart]
+    events: list[Event]
+    ends: list[RunEnd]
+
+
 _encode = msgspec.msgpack.Encoder().encode
 _DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
+    ord("f"): msgspec.msgpack.Decoder(Frame),
     ord("s"): msgspec.msgpack.Decoder(RunStart),
     ord("e"): msgspec.msgpack.Decoder(Event),
     ord("x"): msgspec.msgpack.Decoder(RunEnd),
@@ -44,6 +73,8 @@ _DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
 }
 #: An event's body after its kind letter, into the Event type only.
 decode_event: Final = _DECODERS[ord("e")].decode
+#: A frame's body after its kind letter.
+decode_frame: Final = _DECODERS[ord("f")].decode
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 #: Longest tenant or workflow token kept whole in a subject.
 _TOKEN_MAX: Final = 64
@@ -93,3 +124,62 @@ def decode(data: bytes) -> tuple[str, Any]:
         return chr(data[0]), decoder.decode(data[1:])
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ConfigurationError(f"a {chr(data[0])!r} message does not decode: {exc}") from exc
+
+
+def _array(n: int) -> bytes:
+    """A msgpack array header for ``n`` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 0x10000:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def frames(
+    rid: str,
+    starts: Sequence[RunStart],
+    events: Sequence[Event],
+    ends: Sequence[RunEnd],
+    limit: int,
+) -> Iterator[tuple[str, bytes]]:
+    """One run's records as frames of at most ``limit`` bytes each (a record larger
+    than that alone in its frame): ``(message id, body)`` each, in order.
+
+    ``rid`` is the run id as a subject token. Records are cut in order, starts, then
+    events, then ends, so a frame's first and last key bound what it holds.
+    """
+    items: list[tuple[int, str, bytes]] = []
+    items += [(0, "s", _encode(s)) for s in starts]
+    items += [(1, str(e.seq), _encode(e)) for e in events]
+    items += [(2, "x", _encode(x)) for x in ends]
+    room = limit - 8  # the kind letter and the array headers
+    i = 0
+    while i < len(items):
+        size = len(items[i][2])
+        j = i + 1
+        while j < len(items) and size + len(items[j][2]) <= room:
+            size += len(items[j][2])
+            j += 1
+        part = items[i:j]
+        body = [b"f\x93"]
+        for kind in (0, 1, 2):
+            chunk = [data for k, _, data in part if k == kind]
+            body.append(_array(len(chunk)))
+            body += chunk
+        data = b"".join(body)
+        digest = hashlib.sha256(data).hexdigest()[:16]
+        yield f"{rid}:{part[0][1]}-{part[-1][1]}:{digest}", data
+        i = j
+
+
+def records(data: bytes) -> list[tuple[str, Any]]:
+    """``(kind, record)`` of each record a message body holds, a frame's or a single
+    record's (as :func:`decode`, which raises for a body that is neither)."""
+    kind, record = decode(data)
+    if kind != "f":
+        return [(kind, record)]
+    return [
+        *(("s", r) for r in record.starts),
+        *(("e", r) for r in record.events),
+        *(("x", r) for r in record.ends),
+    ]
