@@ -140,3 +140,47 @@ def test_diff_of_original_and_fork(store):
     assert d.first.field == "response"
     assert d.to_dict()["first_divergence"]["new"] == "<p/>"
     assert d.to_dict()["right"]["run_id"] == fork.new_run_id
+
+
+SHAPES: dict[str, object] = {}
+
+
+@replayable.tool(normalize=lambda raw: SHAPES["normalized"])
+def shaped(item: str) -> object:
+    return {"item": item}
+
+
+@replayable.tool
+def pair(item: str) -> object:
+    return SHAPES["pair"]
+
+
+@replayable.workflow("shapes")
+def shapes() -> None:
+    shaped("x")
+    pair("x")
+
+
+def shapes_run(store, normalized: object, pair_value: object) -> str:
+    SHAPES.update(normalized=normalized, pair=pair_value)
+    with replayable.recording(store) as rec:
+        shapes()
+    return rec.run_ids[0]
+
+
+def test_a_tuple_and_a_list_of_the_same_values_are_the_same_response(store):
+    """Stored texts that differ only by a type tag are compared as values: a tuple
+    compares like a list."""
+    a, b = shapes_run(store, 1, (1, 2)), shapes_run(store, 1, [1, 2])
+    d = replayable.diff(a, b, store=store)
+    assert [p.status for p in d.pairs] == ["same", "same"], [p.changes for p in d.pairs]
+    assert d.pairs[1].left.response != d.pairs[1].right.response
+
+
+def test_an_adapter_result_of_true_against_1_is_a_change(store):
+    """Equal metadata in Python's eyes (True == 1) still holds a changed adapter result."""
+    a, b = shapes_run(store, True, [1]), shapes_run(store, 1, [1])
+    d = replayable.diff(a, b, store=store)
+    assert d.pairs[0].status == "changed"
+    assert [(c.side, c.old, c.new) for c in d.pairs[0].changes] == [("normalized", True, 1)]
+    assert d.pairs[1].status == "same"

@@ -119,35 +119,61 @@ class Comparer:
         if old == new and type(old) is type(new):
             return out
         self._walk(side, "", _untag(old), _untag(new), out)
-        if kind == "llm":
-            out = [
-                FieldChange(c.side, c.path, c.old, c.new, "noise")
-                if _last(c.path) in LLM_VOLATILE or _has_volatile_parent(c.path)
-                else c
-                for c in out
-            ]
-        return out
+        return _llm_noise(out) if kind == "llm" else out
+
+    def compare_text(
+        self, side: str, old: str | None, new: str | None, *, kind: str | None = None
+    ) -> list[FieldChange]:
+        """:meth:`compare` of two stored JSON texts (``None`` for no value). A text that
+        cannot hold a type tag is compared as parsed, without the untagging copy."""
+        if old == new:
+            return []
+        a = None if old is None else orjson.loads(old)
+        b = None if new is None else orjson.loads(new)
+        if a == b and type(a) is type(b):
+            return []
+        if _may_be_tagged(old) or _may_be_tagged(new):
+            return self.compare(side, a, b, kind=kind)
+        out: list[FieldChange] = []
+        self._walk(side, "", a, b, out)
+        return _llm_noise(out) if kind == "llm" else out
 
     def _walk(self, side: str, path: str, old: Any, new: Any, out: list[FieldChange]) -> None:
+        # An equal leaf (same type, same value) is skipped before the recursive call and
+        # before its path is spelled: in two long runs nearly every leaf is one.
         if isinstance(old, dict) and isinstance(new, dict):
-            for k in sorted(set(old) | set(new), key=str):
-                sub = f"{path}.{k}" if path else str(k)
+            keys: Iterable[Any] = old.keys()
+            if keys != new.keys():
+                keys = old.keys() | new.keys()
+            for k in sorted(keys, key=str):
                 if k not in new:
+                    sub = f"{path}.{k}" if path else str(k)
                     out.append(self._change(side, sub, old[k], _MISSING, structural=True))
                 elif k not in old:
+                    sub = f"{path}.{k}" if path else str(k)
                     out.append(self._change(side, sub, _MISSING, new[k], structural=True))
                 else:
-                    self._walk(side, sub, old[k], new[k], out)
+                    a, b = old[k], new[k]
+                    if type(a) is type(b) and not isinstance(a, _CONTAINERS) and a == b:
+                        continue
+                    self._walk(side, f"{path}.{k}" if path else str(k), a, b, out)
             return
         if isinstance(old, list) and isinstance(new, list):
-            for i in range(max(len(old), len(new))):
-                sub = f"{path}[{i}]"
-                if i >= len(new):
-                    out.append(self._change(side, sub, old[i], _MISSING, structural=True))
-                elif i >= len(old):
-                    out.append(self._change(side, sub, _MISSING, new[i], structural=True))
+            n_old, n_new = len(old), len(new)
+            for i in range(max(n_old, n_new)):
+                if i >= n_new:
+                    out.append(
+                        self._change(side, f"{path}[{i}]", old[i], _MISSING, structural=True)
+                    )
+                elif i >= n_old:
+                    out.append(
+                        self._change(side, f"{path}[{i}]", _MISSING, new[i], structural=True)
+                    )
                 else:
-                    self._walk(side, sub, old[i], new[i], out)
+                    a, b = old[i], new[i]
+                    if type(a) is type(b) and not isinstance(a, _CONTAINERS) and a == b:
+                        continue
+                    self._walk(side, f"{path}[{i}]", a, b, out)
             return
         if old == new and type(old) is type(new):
             return
@@ -195,6 +221,25 @@ class Comparer:
         return self._matches(self._significant_re, last) or self._matches(
             self._significant_re, where
         )
+
+
+_CONTAINERS = (dict, list)
+
+
+def _llm_noise(changes: list[FieldChange]) -> list[FieldChange]:
+    """A model response's provider ids, timestamps and usage ranked as noise."""
+    return [
+        FieldChange(c.side, c.path, c.old, c.new, "noise")
+        if _last(c.path) in LLM_VOLATILE or _has_volatile_parent(c.path)
+        else c
+        for c in changes
+    ]
+
+
+def _may_be_tagged(text: str | None) -> bool:
+    """Whether stored JSON text can hold a type tag (an object with a ``"$t"`` key): not
+    without that string in it, unless escapes spell it (the codec never writes them)."""
+    return text is not None and ('"$t"' in text or "\\u" in text)
 
 
 def _last(path: str) -> str:

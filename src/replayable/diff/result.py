@@ -159,16 +159,25 @@ def _pair(comparer: Comparer, a: Event | None, b: Event | None) -> StepPair:
         return StepPair("removed", a, None)
     if a.kind != b.kind or a.name != b.name:
         return StepPair("different_call", a, b)
-    # The decision context first: where it changed, it says why the payloads did.
-    changes: list[FieldChange] = step_context_changes(comparer, a, b)
+    # The decision context first: where it changed, it says why the payloads did. Equal
+    # metadata holds no context change (an adapter's result aside, which is compared as
+    # values: True and 1 are equal metadata but a changed result).
+    meta = a.metadata
+    changes: list[FieldChange] = (
+        []
+        if meta == b.metadata and "normalized" not in meta
+        else step_context_changes(comparer, a, b)
+    )
     if a.fingerprint != b.fingerprint:
-        changes += comparer.compare("request", _tree(a.request), _tree(b.request))
+        changes += comparer.compare_text("request", a.request, b.request)
     if a.response != b.response:
-        changes += comparer.compare("response", _tree(a.response), _tree(b.response), kind=a.kind)
+        changes += comparer.compare_text("response", a.response, b.response, kind=a.kind)
     if a.error != b.error:
-        changes += comparer.compare("error", _tree(a.error), _tree(b.error))
+        changes += comparer.compare_text("error", a.error, b.error)
     if not changes:
         return StepPair("same", a, b)
+    if len(changes) == 1:
+        return StepPair("changed", a, b, (changes[0],))
     ordered = tuple(sorted(changes, key=lambda c: RANK_ORDER[c.rank]))
     return StepPair("changed", a, b, ordered)
 
