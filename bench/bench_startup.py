@@ -13,7 +13,8 @@ on the machine lands on all of them:
   ``@workflow`` into the default SQLite store (``./.replayable/runs.db`` in a
   temporary directory) and exits, which waits for the writer process to store the
   run. One untimed run first creates the database, as a script run a second time
-  finds it.
+  finds it, and the modules' bytecode (cached under the temporary directory, as an
+  installed package has it, whatever ``PYTHONDONTWRITEBYTECODE`` says).
 
 The import figure is the median of the per-round differences *import - bare*
 (the interpreter's own start-up cancels); beside it, the cumulative time
@@ -68,11 +69,16 @@ LOADED = (
 )
 
 
-def _env() -> dict[str, str]:
-    """The environment of each child: this benchmark's replayable first on its path."""
+def _env(tmp: Path) -> dict[str, str]:
+    """The environment of each child: this benchmark's replayable first on its path, and
+    bytecode cached (in ``tmp``, not beside the sources) as an installed package has it:
+    without it (``PYTHONDONTWRITEBYTECODE``) every start compiles every module again."""
     src = str(Path(replayable.__file__).resolve().parent.parent)
     path = os.environ.get("PYTHONPATH")
-    return dict(os.environ, PYTHONPATH=src if not path else src + os.pathsep + path)
+    env = dict(os.environ, PYTHONPATH=src if not path else src + os.pathsep + path)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+    return env
 
 
 def _timed(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
@@ -107,9 +113,9 @@ def _importtime_ms(cwd: Path, env: dict[str, str]) -> float:
 def run(cfg: Config) -> Section:
     sec = Section("startup", "startup: import replayable, and a script recording one tool call")
     rounds = cfg.pick(21, 7)
-    env = _env()
     py = sys.executable
     with temp_dir("startup") as tmp:
+        env = _env(tmp)
         script = tmp / "one_call.py"
         script.write_text(ONE_CALL)
         cases = {
@@ -117,7 +123,8 @@ def run(cfg: Config) -> Section:
             "import": [py, "-c", "import replayable"],
             "one_call": [py, str(script)],
         }
-        _timed(cases["one_call"], tmp, env)  # creates ./.replayable/runs.db
+        # Untimed: creates ./.replayable/runs.db and fills the bytecode cache.
+        _timed(cases["one_call"], tmp, env)
         wall: dict[str, list[float]] = {k: [] for k in cases}
         cpu: dict[str, list[float]] = {k: [] for k in cases}
         importtime: list[float] = []
