@@ -262,6 +262,7 @@ def test_frames_stay_under_the_servers_message_size(store: StreamStore, url: str
     run_id = new_id(13)
     events = make_events(run_id, 40)
     size = len(encode("e", events[0]))
+    default = store.client.max_payload
     store.client.max_payload = 1024 + 5 * size  # about four events a frame
     store.append([start_of(run_id)], events, [make_end(run_id, events)])
     frames = raw_messages(store)
@@ -275,10 +276,20 @@ def test_frames_stay_under_the_servers_message_size(store: StreamStore, url: str
     assert [len(records(body)) for _, _, body in raw_messages(store)[len(frames) :]] == [
         1, 1, 1, 1, 1
     ]  # fmt: skip
+    # And at the server's own size: frames near a megabyte, each read in many pieces.
+    store.client.max_payload = default
+    big = new_id(16)
+    many = make_events(big, 3000)
+    store.append([start_of(big)], many, [make_end(big, many)])
+    sizes = [len(body) for _, _, body in raw_messages(store)[len(frames) + 5 :]]
+    assert len(sizes) >= 2
+    assert max(sizes) > default // 2
+    assert all(size <= default - 1024 for size in sizes)
     report = compact(url, batch=3)
-    assert report.records == 42 + 5
+    assert report.records == 42 + 5 + 3002
     assert [e.seq for e in store.sink.events(run_id)] == list(range(1, 41))
     assert [e.seq for e in store.sink.events(lone)] == [1, 2, 3]
+    assert [e.seq for e in store.sink.events(big)] == list(range(1, 3001))
     assert verify_store(store.sink).ok
 
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import os
 import re
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
@@ -354,6 +355,7 @@ class Compactor:
                     self.config.stream, _stream_seq(msg.reply), _text(msg.subject), exc,
                 )  # fmt: skip
                 self.report.rejected += 1
+                batch.rejected.add(id(msg))
                 await self._sub.term([msg])
                 continue
             if kind == "f":  # not reached: a frame that decodes is taken above
@@ -419,7 +421,10 @@ class Compactor:
         finally:
             self.report.in_flight = 0
             self.report.oldest_in_flight = None
-        held = (*batch.starts, *batch.events, *batch.ends)
+
+        def held() -> Iterator[tuple[Any, Any]]:
+            return itertools.chain(batch.starts, batch.events, batch.ends)
+
         # A message is settled once: a frame holds many records, and a message any of
         # whose records waits or is refused waits or is refused whole (those of its
         # records written already are skipped as stored when it comes again).
@@ -428,16 +433,21 @@ class Compactor:
             refused = _unique(batch.refused)
             await self._sub.term(refused)
             gone = {id(m) for m in refused}
-            self.report.rejected += sum(1 for m, _ in held if id(m) in gone)
+            self.report.rejected += sum(1 for m, _ in held() if id(m) in gone)
             deferred = [m for m in deferred if id(m) not in gone]
         deferred = _unique(deferred)
         back = {id(m) for m in deferred}
         later = back | {id(m) for m in batch.refused}
-        settle = _unique([m for m, _ in (*batch.blobs, *held)], later)
-        settled = len(held) if not later else sum(1 for m, _ in held if id(m) not in later)
+        later |= batch.rejected
+        settle = [m for m in batch.msgs if id(m) not in later]
+        settled = (
+            batch.size() - len(batch.blobs)
+            if not later
+            else sum(1 for m, _ in held() if id(m) not in later)
+        )
         await self._sub.ack(settle)
         if deferred:
-            self.report.deferred += sum(1 for m, _ in held if id(m) in back)
+            self.report.deferred += sum(1 for m, _ in held() if id(m) in back)
             await self._sub.nak(deferred, RETRY_DELAY_S)
         # That the acks reached the server is confirmed off the batches' path (a lost ack
         # only brings the batch again, skipped as stored): before the next batch's.
@@ -768,6 +778,8 @@ class _RawPuller(_Puller):
         self._reading: asyncio.Task[None] | None = None
         self._pongs: list[asyncio.Future[None]] = []
         self.broken: BaseException | None = None
+        #: The length of the incomplete frame :meth:`_frames` left (0: not known).
+        self.need = 0
 
     async def start(self) -> None:
         reader, writer = await asyncio.wait_for(
@@ -789,13 +801,23 @@ class _RawPuller(_Puller):
         await self.flush()
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        buf = b""
+        # What is left of an incomplete frame, in pieces, and how many bytes that frame
+        # needs whole (0: not known yet): a frame of a megabyte arrives in many reads,
+        # and is put together once, not once a read.
+        parts: list[bytes] = []
+        have = 0
         try:
             while True:
                 chunk = await reader.read(1 << 20)
                 if not chunk:
                     raise ConnectionError("the NATS server closed the connection")
-                buf = self._frames(buf + chunk if buf else chunk)
+                if self.need and have + len(chunk) < self.need:
+                    parts.append(chunk)
+                    have += len(chunk)
+                    continue
+                rest = self._frames(b"".join((*parts, chunk)) if parts else chunk)
+                parts = [rest] if rest else []
+                have = len(rest)
         except (ConnectionError, OSError, ValueError) as exc:
             self.broken = exc
         finally:
@@ -805,7 +827,9 @@ class _RawPuller(_Puller):
                     pong.set_exception(ConnectionError(f"NATS connection lost: {self.broken}"))
 
     def _frames(self, buf: bytes) -> bytes:
-        """Handle every whole frame in ``buf``; what is left of an incomplete one."""
+        """Handle every whole frame in ``buf``; what is left of an incomplete one (and in
+        ``need`` how long that one is, when its control line says)."""
+        self.need = 0
         pos = 0
         find = buf.find
         delivery = _DELIVERY.match
@@ -820,6 +844,7 @@ class _RawPuller(_Puller):
                     body = m.end()
                     stop = body + int(total)
                     if len(buf) < stop + 2:
+                        self.need = stop + 2 - pos
                         return buf[pos:]
                     got.append(_Delivery(subject, reply, buf[body + int(headers) : stop]))
                     pos = stop + 2
@@ -834,6 +859,7 @@ class _RawPuller(_Puller):
                     headers = int(parts[-2]) if op == b"HMSG" else 0
                     body = end + 2
                     if len(buf) < body + total + 2:
+                        self.need = body + total + 2 - pos
                         return buf[pos:]
                     reply = parts[3] if len(parts) == (6 if op == b"HMSG" else 5) else b""
                     self._on_frame(parts[1], reply, buf[body + headers : body + total])
@@ -962,10 +988,12 @@ def _stream_seq(reply: str | bytes | None) -> str:
 class _Batch:
     """One fetched batch, decoded: each record with the message it came in."""
 
-    __slots__ = ("blobs", "ends", "events", "msgs", "refused", "starts")
+    __slots__ = ("blobs", "ends", "events", "msgs", "refused", "rejected", "starts")
 
     def __init__(self, msgs: list[Any]) -> None:
         self.msgs = msgs
+        #: Messages that are no record (taken off the queue as they were decoded).
+        self.rejected: set[int] = set()
         #: Messages of runs the sink refuses for good (taken off the queue).
         self.refused: list[Any] = []
         self.starts: list[tuple[Any, RunStart]] = []
