@@ -169,14 +169,128 @@ def test_a_blob_deleted_under_a_store_is_written_again_once_forgotten(tmp_path: 
         store.close()
 
 
-def test_new_databases_keep_blobs_in_a_rowid_table(tmp_path: Path) -> None:
-    """Blob bytes are appended in write order; only the key index is in digest order."""
+def test_new_databases_keep_blobs_in_a_rowid_table_keyed_by_digest_head(tmp_path: Path) -> None:
+    """Blob bytes are appended in write order; only the index on the digest's first 56
+    bits (not on its 64 hex digits and the key space) is in digest order."""
     store = SQLiteStore(tmp_path / "runs.db")
     store.close()
     with sqlite3.connect(tmp_path / "runs.db") as db:
         [(sql,)] = db.execute("SELECT sql FROM sqlite_master WHERE name = 'payload_blobs'")
+        [(index,)] = db.execute(
+            "SELECT sql FROM sqlite_master WHERE tbl_name = 'payload_blobs' AND type = 'index'"
+        )
     assert "WITHOUT ROWID" not in sql.upper()
-    assert "PRIMARY KEY (tenant, subject, digest)" in sql
+    assert "PRIMARY KEY" not in sql.upper()
+    assert "(digest_head)" in index
+
+
+def test_a_blob_another_store_object_stored_is_not_stored_twice(tmp_path: Path) -> None:
+    """With no unique key on the digest, a blob stored already (by another store object,
+    which this one cannot know of) is found by its head and skipped: one row per blob and
+    key space, and both runs read back."""
+    path = tmp_path / "runs.db"
+    texts = [_big(i) for i in range(payloads._THREADED_BATCH + 5)]
+    a, b = uuid7(1_700_000_000_000, b"\x06" * 10), uuid7(1_700_000_000_001, b"\x07" * 10)
+    one, two = SQLiteStore(path), SQLiteStore(path)
+    try:
+        one.append([_start(a)], _events(a, texts))
+        two.append([_start(b)], _events(b, [*texts, _big(10_000)]))
+        assert _count(path, "payload_blobs") == len(texts) + 1
+        fresh = SQLiteStore(path)
+        try:
+            assert [e.request for e in fresh.events(a)] == texts
+            assert [e.request for e in fresh.events(b)] == [*texts, _big(10_000)]
+        finally:
+            fresh.close()
+    finally:
+        one.close()
+        two.close()
+
+
+def test_the_same_blob_in_two_tenants_is_stored_once_per_tenant(tmp_path: Path) -> None:
+    """Two key spaces share a digest and so a head: each has its row, and each reads its own."""
+    path = tmp_path / "runs.db"
+    text = _big(3)
+    store = SQLiteStore(path)
+    try:
+        ids = []
+        for n, tenant in enumerate(("acme", "globex")):
+            rid = uuid7(1_700_000_000_000 + n, bytes([8 + n]) * 10)
+            store.append(
+                [msgspec.structs.replace(_start(rid), tenant=tenant)], _events(rid, [text])
+            )
+            ids.append(rid)
+        with sqlite3.connect(path) as db:
+            rows = db.execute("SELECT tenant, digest_head FROM payload_blobs").fetchall()
+        assert sorted(t for t, _ in rows) == ["acme", "globex"]
+        assert len({h for _, h in rows}) == 1
+        fresh = SQLiteStore(path)
+        try:
+            assert [fresh.events(rid)[0].request for rid in ids] == [text, text]
+        finally:
+            fresh.close()
+    finally:
+        store.close()
+
+
+def test_a_blob_whose_head_was_altered_reads_as_missing(tmp_path: Path) -> None:
+    """A row whose digest_head no longer matches its digest is not found under it: the
+    payload is named unreadable, not read from some other row or silently empty; a
+    reference that is not hex finds nothing either, without an error."""
+    path = tmp_path / "runs.db"
+    rid = uuid7(1_700_000_000_000, b"\x0a" * 10)
+    store = SQLiteStore(path)
+    try:
+        store.append([_start(rid)], _events(rid, [_big(1), _big(2)]))
+    finally:
+        store.close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER payload_blobs_no_update")
+        (digest,) = db.execute("SELECT request_ref FROM events WHERE seq = 1").fetchone()
+        db.execute(
+            "UPDATE payload_blobs SET digest_head = digest_head + 1 WHERE digest = ?", (digest,)
+        )
+    fresh = SQLiteStore(path)
+    try:
+        first, second = fresh.events(rid)
+        assert any("missing" in p for p in first.problems), first.problems
+        assert second.request == _big(2)
+        assert not second.problems
+        assert fresh.tier_blobs("", ["zz" * 32, "+1" + "0" * 62]) == []
+    finally:
+        fresh.close()
+
+
+def test_a_file_with_the_older_blob_key_is_read_and_written(tmp_path: Path) -> None:
+    """A file whose payload_blobs has the (tenant, subject, digest) key of schema 3 and 4
+    keeps it: blobs are written (a stored one skipped by the key), read and deduplicated."""
+    path = tmp_path / "runs.db"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE payload_blobs (tenant TEXT NOT NULL, subject TEXT NOT NULL, "
+            "digest TEXT NOT NULL, codec TEXT NOT NULL, size INTEGER NOT NULL, data BLOB NOT "
+            "NULL, PRIMARY KEY (tenant, subject, digest))"
+        )
+    texts = [_big(i) for i in range(payloads._THREADED_BATCH + 1)]
+    a, b = uuid7(1_700_000_000_000, b"\x0b" * 10), uuid7(1_700_000_000_001, b"\x0c" * 10)
+    one, two = SQLiteStore(path), SQLiteStore(path)
+    try:
+        one.append([_start(a)], _events(a, texts))
+        two.append([_start(b)], _events(b, texts))
+        assert _count(path, "payload_blobs") == len(texts)
+        with sqlite3.connect(path) as db:
+            cols = {r[1] for r in db.execute("PRAGMA table_info(payload_blobs)")}
+        assert "digest_head" not in cols
+        fresh = SQLiteStore(path)
+        try:
+            for rid in (a, b):
+                assert [e.request for e in fresh.events(rid)] == texts
+                assert verify_run(fresh, rid).first_bad_seq is None
+        finally:
+            fresh.close()
+    finally:
+        one.close()
+        two.close()
 
 
 def test_the_long_string_screen_agrees_with_the_pattern() -> None:

@@ -60,8 +60,10 @@ __all__ = ["SQLiteStore"]
 #: 2 added ``runs.chain`` and ``run_ends.signature`` (keyed chains) and a store id;
 #: 3 the payload tier (``events.request_ref``/``response_ref``, ``payload_*`` tables);
 #: 4 the compact event row: hashes as 32-byte blobs, call sites named once in
-#: ``call_sites`` (``events.site``), no ``events_kind_name`` index (see :func:`_event_rows`).
-_DB_VERSION = 4
+#: ``call_sites`` (``events.site``), no ``events_kind_name`` index (see :func:`_event_rows`);
+#: 5 blobs found by ``payload_blobs.digest_head`` (see :func:`_insert_blobs`); files written
+#: before keep their (tenant, subject, digest) key, and both are read and written.
+_DB_VERSION = 5
 
 _SCHEMA = (
     """
@@ -101,11 +103,15 @@ CREATE TABLE IF NOT EXISTS call_sites (site_id INTEGER PRIMARY KEY, text TEXT NO
 CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
 -- A rowid table: blobs are appended in write order and only the key index takes
 -- them in digest order (WITHOUT ROWID put the compressed bytes themselves at random
--- places in the tree, and a batch rewrote most of its pages). Files written before
--- keep that layout; both are read and written the same way.
+-- places in the tree, and a batch rewrote most of its pages). The index holds the
+-- digest's first 56 bits as an integer (digest_head), not the 64 hex digits and the
+-- key space: a batch's blobs land all over it, so every commit rewrites most of its
+-- pages, and those are five times fewer. Several blobs may share a head; readers and
+-- writers compare the whole digest. Files written before keep their layout (the key
+-- (tenant, subject, digest), with no digest_head); both are read and written.
 CREATE TABLE IF NOT EXISTS payload_blobs (
     tenant TEXT NOT NULL, subject TEXT NOT NULL, digest TEXT NOT NULL, codec TEXT NOT NULL,
-    size INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (tenant, subject, digest)
+    size INTEGER NOT NULL, data BLOB NOT NULL, digest_head INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS payload_nodes (
     tenant TEXT NOT NULL, subject TEXT NOT NULL, digest TEXT NOT NULL, parent TEXT,
@@ -341,6 +347,53 @@ def _packed() -> None:
     return None
 
 
+_HEADED_BLOBS_HEAD = (
+    "INSERT INTO payload_blobs (tenant, subject, digest, codec, data, size, digest_head)"
+)
+#: The hex digits of a digest its head holds (56 bits: a non-negative SQLite integer).
+_HEAD_DIGITS = 14
+
+
+def _digest_head(digest: str) -> int | None:
+    """The ``digest_head`` a blob of ``digest`` is stored under (``None``: not hex, so no
+    blob has it)."""
+    try:
+        return int(digest[:_HEAD_DIGITS], 16)
+    except ValueError:
+        return None
+
+
+def _insert_blobs(
+    c: sqlite3.Connection, rows: list[tuple[str, str, str, str, bytes, int]], headed: bool
+) -> None:
+    """Insert a batch's new blob rows (from :func:`blob_rows`), skipping those stored.
+
+    A file with ``digest_head`` has no unique key to skip a stored blob on: the batch's
+    blobs stored already (by another store object, another process, or before this one
+    forgot what it stored) are read first, under the write lock, by their heads, and
+    compared whole.
+    """
+    if not headed:
+        _insert(c, _BLOBS_HEAD, 6, rows, _SKIP_STORED)
+        return
+    heads = [int(r[2][:_HEAD_DIGITS], 16) for r in rows]  # our own sha256 hex digests
+    stored: set[tuple[str, str, str]] = set()
+    for start in range(0, len(heads), _ROWS_PER_STATEMENT):
+        chunk = heads[start : start + _ROWS_PER_STATEMENT]
+        # One row back, not one per blob (the sqlite3 module gives the GIL away per row).
+        (found,) = c.execute(
+            "SELECT json_group_array(json_array(tenant, subject, digest)) FROM payload_blobs "
+            f"WHERE digest_head IN ({','.join('?' * len(chunk))})",
+            chunk,
+        ).fetchone()
+        if found != "[]":
+            stored.update((str(t), str(s), str(d)) for t, s, d in orjson.loads(found))
+    if stored:
+        keep = [i for i, r in enumerate(rows) if (r[0], r[1], r[2]) not in stored]
+        rows, heads = [rows[i] for i in keep], [heads[i] for i in keep]
+    _insert(c, _HEADED_BLOBS_HEAD, 7, [(*r, h) for r, h in zip(rows, heads, strict=True)])
+
+
 def _live(
     c: sqlite3.Connection, refs: dict[str, set[str]]
 ) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
@@ -556,6 +609,14 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                     if stmt.strip():
                         c.execute(stmt)
                 upgrade_audit(c)
+                self._blob_heads = "digest_head" in {
+                    r[1] for r in c.execute("PRAGMA table_info(payload_blobs)")
+                }
+                if self._blob_heads:
+                    c.execute(
+                        "CREATE INDEX IF NOT EXISTS payload_blobs_head "
+                        "ON payload_blobs (digest_head)"
+                    )
                 c.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(_DB_VERSION),)
                 )
@@ -698,7 +759,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 # Left running if a statement fails: it only fills this batch's rows.
                 packed()
                 if tier_rows:
-                    _insert(c, _BLOBS_HEAD, 6, blob_rows(tier_rows), _SKIP_STORED)
+                    _insert_blobs(c, blob_rows(tier_rows), self._blob_heads)
                     _insert(
                         c,
                         _NODES_HEAD,
@@ -1176,6 +1237,8 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         ]
 
     def tier_blobs(self, tenant: str, digests: Sequence[str]) -> list[BlobRow]:
+        if self._blob_heads:
+            return self._headed_blobs(tenant, digests)
         rows = self._in(
             "SELECT digest, codec, CAST(data AS BLOB), size FROM payload_blobs "
             "WHERE tenant = ? AND subject = ? AND digest IN ({marks})",
@@ -1183,6 +1246,24 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             digests,
         )
         return [BlobRow(tenant, r[0], r[1], bytes(r[2]), r[3]) for r in rows]
+
+    def _headed_blobs(self, tenant: str, digests: Sequence[str]) -> list[BlobRow]:
+        """``tier_blobs`` of a file whose blobs are found by ``digest_head``."""
+        out: list[BlobRow] = []
+        key = split_space(tenant)
+        for start in range(0, len(digests), 500):
+            chunk = list(digests[start : start + 500])
+            heads = sorted({h for d in chunk if (h := _digest_head(d)) is not None})
+            if not heads:
+                continue
+            rows = self._query(
+                "SELECT digest, codec, CAST(data AS BLOB), size FROM payload_blobs "
+                f"WHERE digest_head IN ({','.join('?' * len(heads))}) AND tenant = ? "
+                f"AND subject = ? AND digest IN ({','.join('?' * len(chunk))})",
+                [*heads, *key, *chunk],
+            )
+            out.extend(BlobRow(tenant, r[0], r[1], bytes(r[2]), r[3]) for r in rows)
+        return out
 
     def tier_dictionary(self, tenant: str, dict_id: str | None) -> tuple[str, bytes] | None:
         if dict_id is None:
