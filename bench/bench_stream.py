@@ -14,9 +14,11 @@ beside it; that ratio sets the agent's recording (capture, the writer process)
 against nothing but the frames' publish.
 (b) One compactor moving a backlog of writer-built events from the stream into
 PostgreSQL, as a ratio to ``PostgresStore.append`` of the same events in the same
-batches (the store's own ingest, buffered). The compactor runs as a user gets it:
-batches of the writer's size (its default too) and durable commits, since it
-acknowledges a record only once the sink has it on disk. Each side's CPU seconds
+batches (the store's own ingest, buffered). The stream holds the events as the
+writer publishes them: each batch of the writer's size as frames (cut to the
+server's message size). The compactor runs as a user gets it: its default fetches
+(2,048 messages, 4 MiB) and durable commits, since it acknowledges a record only
+once the sink has it on disk. Each side's CPU seconds
 per event are reported too. Then two compactor processes on one backlog of the
 same size, reported as a scaling factor.
 (c) End to end: a durable boundary returns, a compactor process is running; the time
@@ -43,7 +45,7 @@ import replayable
 from bench_ingest import batches, record, writer_batch_size
 from bench_postgres import append_rate, fresh, schemas, store_url
 from harness import Config, Section, Target, rate, temp_dir, warm_writer
-from replayable.archive.stream import Compactor
+from replayable.archive.stream import FETCH_BYTES, Compactor
 from replayable.capture.writer import writer_for
 from replayable.events.model import Event, RunStart
 from replayable.store import MemoryStore, open_store
@@ -344,7 +346,11 @@ def run(cfg: Config) -> Section:
         f"the very {n_frames:,} messages the agent's store published; "
         f"agent / this {frames_ratio:.2f} (the agent's rate is its recording's)",
     )
-    sec.row(f"one compactor → PostgreSQL, {n_compact:,} events", rate(c1), f"batches of {size}")
+    sec.row(
+        f"one compactor → PostgreSQL, {n_compact:,} events",
+        rate(c1),
+        f"the writer's batches of {size} as frames; fetches of up to {FETCH_BYTES >> 20} MiB",
+    )
     sec.row(
         "PostgresStore.append, same events",
         rate(pg_rate),

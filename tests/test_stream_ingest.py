@@ -25,7 +25,7 @@ from replayable.errors import ConfigurationError, RunNotFoundError, StoreUnavail
 from replayable.store import open_store
 from replayable.store.postgres import PostgresStore
 from replayable.store.stream import StreamStore, parse_stream_url
-from replayable.store.stream._wire import encode, message_id, records, run_subject
+from replayable.store.stream._wire import encode, frames, message_id, records, run_subject
 from replayable.store.verify import verify_store
 from tests import test_store_contract as contract
 from tests.faultproxy import FaultProxy
@@ -291,6 +291,21 @@ def test_frames_stay_under_the_servers_message_size(store: StreamStore, url: str
     assert [e.seq for e in store.sink.events(lone)] == [1, 2, 3]
     assert [e.seq for e in store.sink.events(big)] == list(range(1, 3001))
     assert verify_store(store.sink).ok
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 65_535, 65_536])
+def test_a_frame_holds_any_number_of_records(n: int) -> None:
+    """The frame's msgpack array headers at each of their sizes (fix, 16 and 32 bits);
+    no records make no frame."""
+    run_id = new_id(17)
+    one = make_events(run_id, 1)[0]
+    events = [msgspec.structs.replace(one, seq=i + 1) for i in range(n)]
+    assert list(frames(run_id, [], [], [], 1 << 30)) == []
+    ((mid, body),) = frames(run_id, [], events, [], 1 << 30)
+    assert mid.startswith(f"{run_id}:1-{n}:")
+    decoded = records(body)
+    assert [r.seq for _, r in decoded] == list(range(1, n + 1))
+    assert all(r == e for (_, r), e in zip(decoded, events, strict=True))
 
 
 def test_records_published_one_a_message_still_read_and_compact(
