@@ -294,6 +294,25 @@ def _tag_difference(stored: set[Any], wanted: set[Any]) -> str | None:
 
 
 _ROWS_PER_STATEMENT = 500
+#: At most this many rows go in one insert statement (a writer's whole batch).
+_MAX_ROWS_PER_STATEMENT = 2048
+#: SQLite's own bound on a statement's parameters unless the library says (3.32's).
+_DEFAULT_VARIABLES = 32_766
+
+
+@functools.lru_cache(maxsize=64)
+def _rows_per_statement(variables: int, width: int) -> int:
+    """The largest power of two of rows of ``width`` columns one statement may hold."""
+    fits = max(1, min(_MAX_ROWS_PER_STATEMENT, variables // width))
+    return 1 << (fits.bit_length() - 1)
+
+
+def _variables(c: sqlite3.Connection) -> int:
+    """How many parameters one statement of ``c`` may bind."""
+    try:
+        return int(c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    except (AttributeError, sqlite3.Error):  # pragma: no cover - before Python 3.11
+        return _DEFAULT_VARIABLES
 
 
 def _insert(
@@ -302,22 +321,33 @@ def _insert(
     width: int,
     rows: Sequence[tuple[Any, ...]],
     tail: str = "",
+    variables: int = _DEFAULT_VARIABLES,
 ) -> None:
     """Insert ``rows`` with multi-row statements, not ``executemany``.
 
-    The sqlite3 module releases the GIL around every row it steps; while the
-    agent's thread is busy, taking it back costs up to a switch interval (5 ms)
-    per row, and a 2,048-event batch took 15 s. One statement per few hundred
-    rows takes it back a few times a batch.
+    The sqlite3 module releases the GIL around every row it steps; while
+    another thread is busy, taking it back costs up to a switch interval (5 ms)
+    per row, and a 2,048-event batch took 15 s. A few statements per batch take
+    it back a few times, and the database does the batch's work without it.
+
+    Statements hold a power of two of rows (up to what the statement's
+    parameters allow, ``variables``): the sqlite3 module then finds each one
+    prepared already. Compiling a statement of a new size cost about as much as
+    running it, and batches come in every size.
     """
     if not rows:
         return
-    if len(rows) == 1:  # a durable boundary's batch
+    n = len(rows)
+    if n == 1:  # a durable boundary's batch
         c.execute(_statement(head, width, 1, tail), rows[0])
         return
-    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-        chunk = rows[start : start + _ROWS_PER_STATEMENT]
-        c.execute(_statement(head, width, len(chunk), tail), list(chain.from_iterable(chunk)))
+    per = _rows_per_statement(variables, width)
+    start = 0
+    while start < n:
+        size = min(per, 1 << ((n - start).bit_length() - 1))
+        chunk = rows[start : start + size]
+        start += size
+        c.execute(_statement(head, width, size, tail), list(chain.from_iterable(chunk)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -535,6 +565,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._conn = self._connect()
+        self._variables = _variables(self._conn)
         #: The write connection's settings as last sent (``append`` sends changes only).
         self._sync = _NORMAL
         self._busy_ms = _BUSY_MS
@@ -755,7 +786,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                     event_rows = _event_rows(events, split, sites)
                 _insert(c, _RUNS_HEAD, 15, run_rows)
                 _insert(c, _TAGS_HEAD, 3, tag_rows)
-                _insert(c, events_head, event_width, event_rows)
+                _insert(c, events_head, event_width, event_rows, variables=self._variables)
                 # Left running if a statement fails: it only fills this batch's rows.
                 packed()
                 if tier_rows:

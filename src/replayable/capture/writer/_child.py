@@ -101,6 +101,10 @@ def _open(sid: int, config: dict[str, Any]) -> tuple[Writer, LazyStore]:
     return writer, store
 
 
+#: How long a thread of the writer process holds the interpreter lock while another
+#: waits for it (the interpreter's default is 5 ms).
+SWITCH_INTERVAL_S = 0.0005
+
 #: A record waits at most this long before the writer process stops yielding the CPU.
 DEADLINE_S = 0.2
 
@@ -189,6 +193,11 @@ def main() -> int:
     # short-lived containers that are never part of a cycle.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
+    # The committer gives the interpreter lock away for each statement the database
+    # runs and must take it back from the thread building the next batch, which keeps
+    # it for a whole switch interval: at the default 5 ms, a batch's few statements
+    # waited longer than the database took to run them.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     decoder = msgspec.msgpack.Decoder()
     stdin = sys.stdin.buffer
     _say("0 ready\n")  # up: the agent's process stops storing run starts itself

@@ -67,7 +67,7 @@ __all__ = ["PendingEvent", "Writer", "default_spool_dir"]
 
 log = logging.getLogger("replayable.writer")
 
-_EVENT, _START, _END, _BLOB, _MARK, _KNOWN = range(6)
+_EVENT, _START, _END, _BLOB, _MARK, _KNOWN, _BULK = range(7)
 #: A batch whose persisting has begun: (batch, its raw records, the committer's job
 #: or ``None``, the outcome so far).
 _Started = tuple[Batch, list[tuple[int, Any, Waiter | None]], Job | None, Exception | None]
@@ -213,7 +213,9 @@ class Writer:
         """Hand off many buffered events at once (the writer process does)."""
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
-        self._queue.extend([(_EVENT, p, None) for p in pending])
+        # One entry for them all: the batch takes them as a list (split where a batch
+        # ends), and builds them in one loop.
+        self._queue.append((_BULK, pending, None))
         # At once, not at the next interval: the agent's process sends a frame per
         # ``WAKE_AT`` records of a tight loop, built and committed while the loop runs.
         if not self._wake.is_set():
@@ -471,11 +473,7 @@ class Writer:
         pending: _Started | None = None
         try:
             while queue:
-                # Only the holder of ``_work`` takes from the queue: what it counts is there.
-                pop = queue.popleft
-                raw: list[tuple[int, Any, Waiter | None]] = [
-                    pop() for _ in range(min(len(queue), self.batch_size))
-                ]
+                raw = self._take()
                 try:
                     batch = self._build(raw)
                 except StoreError as exc:
@@ -506,6 +504,27 @@ class Writer:
             outage.drain_some()
         if not queue:
             self.waiting_since = None
+
+    def _take(self) -> list[tuple[int, Any, Waiter | None]]:
+        """The next batch's records from the queue: up to ``batch_size`` events, a
+        list of many handed off at once split where the batch ends."""
+        # Only the holder of ``_work`` takes from the queue: what it counts is there.
+        queue = self._queue
+        pop = queue.popleft
+        room = self.batch_size
+        raw: list[tuple[int, Any, Waiter | None]] = []
+        while queue and room > 0:
+            entry = pop()
+            if entry[0] == _BULK:
+                items = entry[1]
+                if len(items) > room:
+                    queue.appendleft((_BULK, items[room:], None))
+                    entry = (_BULK, items[:room], None)
+                room -= len(entry[1])
+            else:
+                room -= 1
+            raw.append(entry)
+        return raw
 
     # -- persisting ---------------------------------------------------------
 
@@ -643,7 +662,16 @@ class Writer:
         clean, clean_ids = self._scan(raw)
         link_event = linker.event
         add_event = data.events.append
+
+        def refuse(item: Any, exc: Exception) -> None:
+            if isinstance(exc, StoreError) and not is_permanent(exc):
+                raise exc  # the store is needed to build it: try the batch again later
+            refused.append(("e", item, exc))
+
         for kind, item, waiter in raw:
+            if kind == _BULK:
+                data.events.extend(linker.events(item, chains, clean, clean_ids, refuse))
+                continue
             if kind == _EVENT and waiter is None:
                 # The bulk of a batch: buffered events, built with nothing else to settle.
                 try:
@@ -706,7 +734,12 @@ class Writer:
         """Which of the batch's events hold no secret, found with a few scans over many
         payloads at once: ``(True, ...)`` when none does, else the ids of the hand-offs
         found clean in groups of ``_SCAN_GROUP`` (the others are checked one by one)."""
-        pending = [item for kind, item, _ in raw if kind == _EVENT]
+        pending: list[Any] = []
+        for kind, item, _ in raw:
+            if kind == _EVENT:
+                pending.append(item)
+            elif kind == _BULK:
+                pending.extend(item)
         if not pending:
             return False, set()
         linker = self._linker

@@ -17,7 +17,7 @@ import hashlib
 import importlib
 import logging
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -403,6 +403,141 @@ class Linker:
             digest,
             version,
         )
+
+    def events(
+        self,
+        pendings: list[PendingEvent],
+        chains: dict[str, Chain],
+        clean: bool,
+        clean_ids: set[int],
+        refuse: Callable[[PendingEvent, Exception], None],
+    ) -> list[Event]:
+        """The events of many buffered hand-offs, in order: what ``event`` builds for each,
+        with the common case (scanned clean, no metadata, raw bytes, a plain store) built
+        in this one loop, without a call per event. ``clean``: all of them were found
+        clean; else ``clean_ids`` holds the ids of those that were. A hand-off that
+        cannot be built goes to ``refuse`` (which may raise, to stop the batch)."""
+        out: list[Event] = []
+        add = out.append
+        one = self.event
+        if self.adopt or (self._seals is not False and self._sealed()):
+            for p in pendings:
+                try:
+                    built = one(p, chains, clean or id(p) in clean_ids)
+                except Exception as exc:
+                    refuse(p, exc)
+                    continue
+                if built is not None:
+                    add(built)
+            return out
+        prefixes = _PREFIXES
+        sha, small, dumps, sort = _sha256, _one_block, _dumps, _SORT
+        version = EVENT_SCHEMA_VERSION
+        current: str | None = None
+        chain: Chain | None = None
+        for p in pendings:
+            (
+                run_id,
+                seq,
+                kind,
+                name,
+                key,
+                parent,
+                call_site,
+                req,
+                resp,
+                tagged,
+                err,
+                side_effect,
+                started_at,
+                duration_ns,
+                meta,
+            ) = p
+            try:
+                if (
+                    meta
+                    or tagged.__class__ is str
+                    or not (clean or id(p) in clean_ids)
+                    or req.__class__ is not bytes
+                ):
+                    built = one(p, chains, clean or id(p) in clean_ids)
+                    if built is not None:
+                        add(built)
+                    current = None  # ``one`` may have made the run's chain
+                    continue
+                if run_id != current or chain is None:
+                    chain = chains.get(run_id)
+                    if chain is None:
+                        chain = self.chain(run_id, chains)
+                    current = run_id
+                prefix = prefixes.get((kind, name))
+                if prefix is None:
+                    prefix = _prefix(kind, name)
+                fp = sha(prefix + req).hexdigest()
+                error = None if err is None else err.decode()
+                prev = chain.head
+                index = chain.count
+                data = dumps(
+                    (
+                        run_id,
+                        seq,
+                        index,
+                        kind,
+                        name,
+                        key,
+                        parent,
+                        call_site,
+                        (small if len(req) <= _ONE_BLOCK else sha)(req).hexdigest(),
+                        fp,
+                        None
+                        if resp is None
+                        else (small if len(resp) <= _ONE_BLOCK else sha)(resp).hexdigest(),
+                        "tagged" if tagged else "json",
+                        error,
+                        side_effect,
+                        started_at,
+                        duration_ns,
+                        {},
+                        version,
+                    ),
+                    option=sort,
+                )
+                ckey = chain.key
+                if ckey is None:
+                    digest = sha(prev.encode() + data).hexdigest()
+                else:
+                    digest = ckey.mac(prev.encode() + data)
+                chain.count = index + 1
+                chain.head = digest
+            except Exception as exc:
+                refuse(p, exc)
+                current = None
+                continue
+            add(
+                Event(
+                    run_id,
+                    seq,
+                    kind,
+                    name,
+                    key,
+                    parent,
+                    call_site,
+                    req.decode(),
+                    fp,
+                    None if resp is None else resp.decode(),
+                    "tagged" if tagged else "json",
+                    error,
+                    side_effect,
+                    started_at,
+                    duration_ns,
+                    {},
+                    index,
+                    prev,
+                    digest,
+                    version,
+                )
+            )
+        return out
 
     def clean_events(self, pendings: list[PendingEvent]) -> bool:
         """Whether none of these hand-offs' request, response and error bytes holds a
