@@ -195,12 +195,15 @@ class TierRows:
     compressed together (:meth:`PayloadTier.split_events`) into ``blobs``.
     """
 
-    __slots__ = ("blobs", "nodes", "pending")
+    __slots__ = ("blobs", "nodes", "pending", "prepared")
 
     def __init__(self) -> None:
         self.blobs: dict[tuple[str, str], BlobRow] = {}
         self.nodes: dict[tuple[str, str], NodeRow] = {}
         self.pending: dict[tuple[str, str], bytes] = {}
+        #: What the ``prepare`` given to :meth:`PayloadTier.pack_in_background` made of
+        #: ``blobs`` once they were packed (a backend's rows), or ``None``.
+        self.prepared: Any = None
 
     def __bool__(self) -> bool:
         return bool(self.blobs or self.nodes)
@@ -553,15 +556,24 @@ class PayloadTier:
         self._nodes.clear()
         self._texts.clear()
 
-    def pack_in_background(self, backend: TierBackend, rows: TierRows) -> Callable[[], None]:
+    def pack_in_background(
+        self,
+        backend: TierBackend,
+        rows: TierRows,
+        prepare: Callable[[TierRows], Any] | None = None,
+    ) -> Callable[[], None]:
         """Start compressing the batch's new blobs on another thread (zstd runs without
         the GIL, so the store writes the event rows meanwhile); the call returned waits
-        for them to be in ``rows.blobs`` and raises what compressing raised.
+        for them to be in ``rows.blobs`` and raises what compressing raised. ``prepare``
+        then turns them into the backend's rows on that thread too (while the writing
+        thread is in the database, without the GIL), into ``rows.prepared``.
 
         A small batch, or one to encrypt (sealing may read or write data keys), is
         packed here and now."""
         if len(rows.pending) < _THREADED_BATCH or self.seal is not None:
             self._pack(backend, rows)
+            if prepare is not None and rows.blobs:
+                rows.prepared = prepare(rows)
             return _done
         # The compressors looked up here: their dictionary is read on this thread.
         compressors = {t: self._compressor(backend, t) for t in {t for t, _ in rows.pending}}
@@ -570,6 +582,8 @@ class PayloadTier:
         def work() -> None:
             try:
                 self._pack(backend, rows, compressors)
+                if prepare is not None and rows.blobs:
+                    rows.prepared = prepare(rows)
             except BaseException as exc:  # handed to the waiting thread
                 failed.append(exc)
 
@@ -801,33 +815,54 @@ class PayloadTier:
         The new blobs are compressed into ``rows.blobs`` unless ``pack`` is false (then
         they wait in ``rows.pending`` for :meth:`pack_in_background`)."""
         out: list[tuple[Event, str | None, str | None]] = []
+        append = out.append
         # Encrypting, every payload goes to the tier: none may stay in clear in its row,
         # and neither may the error of an event whose hash covers its error's digest.
         sealing = self.seal is not None
         threshold = -1 if sealing else self.threshold
+        externalize, replace = self.externalize, msgspec.structs.replace
+        # The common payload, one blob with nothing to cut at (externalize's first
+        # branch), is stored here without the calls: most batches are mostly these.
+        sha256, known, pending, blobs = hashlib.sha256, self._known._data, rows.pending, rows.blobs
+        run_id: str | None = None
+        tenant = ""
         for e in events:
-            big_req = len(e.request) > threshold
-            big_resp = e.response is not None and len(e.response) > threshold
+            request, response = e.request, e.response
+            big_req = len(request) > threshold
+            big_resp = response is not None and len(response) > threshold
             if not (big_req or big_resp):
-                out.append((e, None, None))
+                append((e, None, None))
                 continue
-            tenant = tenant_of(e.run_id)
-            req_ref = self.externalize(backend, tenant, e.request, rows) if big_req else None
-            resp_ref = (
-                self.externalize(backend, tenant, e.response, rows)  # type: ignore[arg-type]
-                if big_resp
-                else None
-            )
+            if e.run_id != run_id:  # a batch holds few runs, each in a row
+                run_id = e.run_id
+                tenant = tenant_of(run_id)
+            req_ref = resp_ref = None
+            if big_req:
+                if '"role"' not in request and not _has_long_string(request):
+                    data = request.encode()
+                    req_ref = sha256(data).hexdigest()
+                    key = (tenant, req_ref)
+                    if key not in known and key not in pending and key not in blobs:
+                        pending[key] = data
+                else:
+                    req_ref = externalize(backend, tenant, request, rows)
+            if big_resp:
+                resp_ref = externalize(backend, tenant, response, rows)  # type: ignore[arg-type]
             error = e.error
             if sealing and error is not None and e.schema_version >= SEALED_EVENT_VERSION:
-                error = self.seal_text(backend, tenant, error, rows)
-            stored = msgspec.structs.replace(
-                e,
-                request="null" if big_req else e.request,
-                response=None if big_resp else e.response,
-                error=error,
-            )
-            out.append((stored, req_ref, resp_ref))
+                stored = replace(
+                    e,
+                    request="null" if big_req else request,
+                    response=None if big_resp else response,
+                    error=self.seal_text(backend, tenant, error, rows),
+                )
+            elif not big_resp:
+                stored = replace(e, request="null")
+            elif not big_req:
+                stored = replace(e, response=None)
+            else:
+                stored = replace(e, request="null", response=None)
+            append((stored, req_ref, resp_ref))
         if pack:
             self._pack(backend, rows)
         return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 import sqlite3
 import threading
 import uuid
@@ -393,10 +394,26 @@ def _digest_head(digest: str) -> int | None:
         return None
 
 
-def _insert_blobs(
-    c: sqlite3.Connection, rows: list[tuple[str, str, str, str, bytes, int]], headed: bool
-) -> None:
-    """Insert a batch's new blob rows (from :func:`blob_rows`), skipping those stored.
+_BY_HEAD = operator.itemgetter(6)
+
+
+def _headed_rows(rows: TierRows) -> list[tuple[str, str, str, str, bytes, int, int]]:
+    """A batch's new blobs as rows of a file with ``digest_head`` (:func:`blob_rows`' and
+    the head), in head order: the statement walks the head index once, forward."""
+    blobs = rows.blobs.values()
+    spaces = {t: split_space(t) for t in {b.tenant for b in blobs}}
+    # Our own sha256 hex digests: their heads parse.
+    out = [
+        (*spaces[b.tenant], b.digest, b.codec, b.data, b.size, int(b.digest[:_HEAD_DIGITS], 16))
+        for b in blobs
+    ]
+    out.sort(key=_BY_HEAD)
+    return out
+
+
+def _insert_blobs(c: sqlite3.Connection, rows: list[tuple[Any, ...]], headed: bool) -> None:
+    """Insert a batch's new blob rows (:func:`blob_rows`, or :func:`_headed_rows` for a
+    file with ``digest_head``), skipping those stored.
 
     A file with ``digest_head`` has no unique key to skip a stored blob on: the batch's
     blobs stored already (by another store object, another process, or before this one
@@ -406,7 +423,7 @@ def _insert_blobs(
     if not headed:
         _insert(c, _BLOBS_HEAD, 6, rows, _SKIP_STORED)
         return
-    heads = [int(r[2][:_HEAD_DIGITS], 16) for r in rows]  # our own sha256 hex digests
+    heads = [r[6] for r in rows]
     stored: set[tuple[str, str, str]] = set()
     for start in range(0, len(heads), _ROWS_PER_STATEMENT):
         chunk = heads[start : start + _ROWS_PER_STATEMENT]
@@ -419,9 +436,8 @@ def _insert_blobs(
         if found != "[]":
             stored.update((str(t), str(s), str(d)) for t, s, d in orjson.loads(found))
     if stored:
-        keep = [i for i, r in enumerate(rows) if (r[0], r[1], r[2]) not in stored]
-        rows, heads = [rows[i] for i in keep], [heads[i] for i in keep]
-    _insert(c, _HEADED_BLOBS_HEAD, 7, [(*r, h) for r, h in zip(rows, heads, strict=True)])
+        rows = [r for r in rows if (r[0], r[1], r[2]) not in stored]
+    _insert(c, _HEADED_BLOBS_HEAD, 7, rows)
 
 
 def _live(
@@ -720,7 +736,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 tenants = self._tenants({e.run_id for e in events}, starts)
             split = tier.split_events(self, events, tenants.__getitem__, tier_rows, pack=False)
             # Compressed while this thread builds and writes the event rows.
-            packed = tier.pack_in_background(self, tier_rows)
+            packed = tier.pack_in_background(self, tier_rows, self._blob_rows)
             events_head, event_width = _EVENTS_HEAD, 22
         else:
             # No payload for the tier: the references NULL.
@@ -790,7 +806,13 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 # Left running if a statement fails: it only fills this batch's rows.
                 packed()
                 if tier_rows:
-                    _insert_blobs(c, blob_rows(tier_rows), self._blob_heads)
+                    if tier_rows.blobs:
+                        prepared = tier_rows.prepared
+                        _insert_blobs(
+                            c,
+                            self._blob_rows(tier_rows) if prepared is None else prepared,
+                            self._blob_heads,
+                        )
                     _insert(
                         c,
                         _NODES_HEAD,
@@ -1277,6 +1299,10 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             digests,
         )
         return [BlobRow(tenant, r[0], r[1], bytes(r[2]), r[3]) for r in rows]
+
+    def _blob_rows(self, rows: TierRows) -> list[tuple[Any, ...]]:
+        """The rows of a batch's new blobs, for :func:`_insert_blobs`."""
+        return _headed_rows(rows) if self._blob_heads else blob_rows(rows)
 
     def _headed_blobs(self, tenant: str, digests: Sequence[str]) -> list[BlobRow]:
         """``tier_blobs`` of a file whose blobs are found by ``digest_head``."""
