@@ -251,6 +251,47 @@ def test_durable_mode_commits_before_returning(tmp_path):
     assert seen == [1, 2, 3]
 
 
+def test_sequential_durable_boundaries_commit_on_their_own_thread(tmp_path, monkeypatch):
+    """A durable boundary with nothing queued commits on the caller's thread, even while
+    the writer thread wakes all the time: an idle round must not take the work from it
+    (the boundary would then wait for the writer and committer threads in turn)."""
+    from replayable.capture.config import settings
+    from replayable.capture.writer import writer_for
+    from replayable.capture.writer.batches import Committer
+
+    handed: list[str] = []
+    submit = Committer.submit
+
+    def counted(self, fn, what):  # type: ignore[no-untyped-def]
+        handed.append(what)
+        return submit(self, fn, what)
+
+    monkeypatch.setattr(Committer, "submit", counted)
+    monkeypatch.setattr(settings, "writer", "thread")
+
+    @replayable.tool
+    def step(i: int) -> int:
+        return i
+
+    @replayable.workflow("durable_seq")
+    def durable_seq(n: int) -> None:
+        for i in range(n):
+            step(i)
+
+    store = replayable.open_store(f"sqlite:///{tmp_path}/d.db")
+    try:
+        with replayable.recording(store, durability="durable") as rec:
+            writer = writer_for(store)
+            writer.interval = 0.0001  # a round every 0.1 ms
+            durable_seq(5)
+            handed.clear()
+            durable_seq(300)
+            assert handed == [], f"{len(handed)} of 300 boundaries waited for the writer thread"
+        assert len(store.events(rec.run_ids[-1])) == 300
+    finally:
+        store.close()
+
+
 def test_begin_finish_records_a_deferred_call_and_replay_serves_it(store):
     """RunContext.begin() lets a transport record a call that completes later."""
     from replayable.capture.context import active_state

@@ -438,6 +438,11 @@ class Writer:
         while True:
             self._wake.wait(self.interval)
             self._wake.clear()
+            if self._idle():
+                # A round with nothing to do leaves ``_work`` alone: a durable caller
+                # that found it taken would wait for this thread's next round instead
+                # of committing on its own thread.
+                continue
             try:
                 with self._work:
                     if self._step():
@@ -448,6 +453,18 @@ class Writer:
                 log.exception("replayable: the writer for %s hit an error", self.store.url)
                 self.last_error = exc
                 self._backoff.pause()
+
+    def _idle(self) -> bool:
+        """Nothing queued, to drain or to shut down (read without ``_work``: a record
+        queued just after is taken by the next round, or by its durable caller)."""
+        outage = self._outage
+        return (
+            not self._queue
+            and not self._closed
+            and outage.down is None
+            and not outage.leftovers
+            and not outage.backlogged()
+        )
 
     def _step(self) -> bool:
         """One round of the writer thread; ``True`` once it has shut down."""
