@@ -278,3 +278,42 @@ def test_the_hashes_of_old_and_new_rows_are_the_same_digests(tmp_path: Path) -> 
         stored = db.execute("SELECT hash FROM events ORDER BY seq").fetchall()
     assert [bytes(h).hex() for (h,) in stored] == [e.hash for e in events]
     assert [e.hash for e in events] == [event_hash(e) for e in events]
+
+
+def test_missing_values_are_stored_as_null_and_read_back_as_none(tmp_path: Path) -> None:
+    """Events with no key, parent, response, error or call site are bound with a NaN
+    (which SQLite stores as NULL): the file holds NULL, the store reads back None, and
+    the chain verifies. A real float in a nullable column stays a float."""
+    from replayable.store.sqlite import _NULL
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    try:
+        assert store._null is _NULL
+        rid = new_id(2)
+        events = make_events(rid, 4)
+        bare = [
+            msgspec.structs.replace(
+                e,
+                key=None,
+                parent=None,
+                call_site=None,
+                response=None,
+                error='{"message":"boom","type":"ValueError"}' if i % 2 else None,
+            )
+            for i, e in enumerate(events)
+        ]
+        bare = _rehashed(bare)
+        store.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
+        store.append([make_start(rid)], bare, [make_end(rid, bare)])
+        assert store.events(rid) == bare
+        with sqlite3.connect(tmp_path / "runs.db") as db:
+            types = db.execute(
+                "SELECT typeof(key), typeof(parent), typeof(response), typeof(error), "
+                "typeof(site), typeof(call_site) FROM events ORDER BY seq"
+            ).fetchall()
+        assert types == [
+            ("null", "null", "null", "text" if i % 2 else "null", "null", "null") for i in range(4)
+        ]
+        assert verify_store(store, integrity=Integrity()).ok
+    finally:
+        store.close()

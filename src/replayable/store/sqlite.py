@@ -480,10 +480,12 @@ def _event_rows(
     events: Sequence[Event],
     split: list[tuple[Event, str | None, str | None]] | None,
     sites: dict[str, int],
+    null: Any = None,
 ) -> list[tuple[Any, ...]]:
     """The stored rows (:data:`_EVENT_COLS`) of ``events``, then their payload references
     when ``split`` (the events as the tier left them, with those references); ``sites``
-    holds the id of each call site. :data:`_EVENT_SELECT` reads them back."""
+    holds the id of each call site; ``null`` stands for a missing key, parent, response,
+    error and site (see :data:`_NULL`). :data:`_EVENT_SELECT` reads them back."""
     evs = events if split is None else [e for e, _, _ in split]
     fingerprints = _hash_forms([e.fingerprint for e in evs])
     hashes = _hash_forms([e.hash for e in evs])
@@ -493,19 +495,41 @@ def _event_rows(
     else:
         prevs = _hash_forms(prev_texts)
     dumps, sort, site_id = orjson.dumps, orjson.OPT_SORT_KEYS, sites.get
-    # Every value of an exact type the sqlite3 module binds directly (1/0, not a bool).
+    # Every value of an exact type the sqlite3 module binds directly (1/0, not a bool;
+    # ``null``, not None).
     rows = [
         (
-            e.run_id, e.seq, e.kind, e.name, e.key, e.parent, e.request, fp, e.response,
-            e.encoding, e.error, 1 if e.side_effect else 0, e.started_at, e.duration_ns,
-            dumps(m, option=sort).decode() if (m := e.metadata) else "{}", e.chain_index,
-            prev, h, e.schema_version, site_id(e.call_site),  # type: ignore[arg-type]
+            e.run_id, e.seq, e.kind, e.name, null if (k := e.key) is None else k,
+            null if (p := e.parent) is None else p, e.request, fp,
+            null if (r := e.response) is None else r, e.encoding,
+            null if (x := e.error) is None else x, 1 if e.side_effect else 0, e.started_at,
+            e.duration_ns, dumps(m, option=sort).decode() if (m := e.metadata) else "{}",
+            e.chain_index, prev, h, e.schema_version,
+            site_id(e.call_site, null),  # type: ignore[arg-type]
         )
         for e, fp, prev, h in zip(evs, fingerprints, prevs, hashes, strict=True)
     ]  # fmt: skip
     if split is None:
         return rows
     return [(*r, rq, rs) for r, (_, rq, rs) in zip(rows, split, strict=True)]
+
+
+#: A missing value as the sqlite3 module binds it fastest: SQLite stores a NaN as NULL,
+#: and a float is bound directly, where None first goes through the module's adapter
+#: lookup (a failed attribute lookup on a type, with the error message it formats),
+#: which cost an event row with no parent and no error more than the rest of its
+#: binding. Used only where the library is seen to do so (see :func:`_null_for`).
+_NULL = float("nan")
+
+
+def _null_for(c: sqlite3.Connection) -> Any:
+    """:data:`_NULL` if ``c``'s SQLite stores a bound NaN as NULL (every version does),
+    else None."""
+    try:
+        (stored,) = c.execute("SELECT ? IS NULL", (_NULL,)).fetchone()
+    except sqlite3.Error:
+        return None
+    return _NULL if stored == 1 else None
 
 
 def _site_ids(c: sqlite3.Connection, texts: set[str]) -> dict[str, int]:
@@ -582,6 +606,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         self._readers: list[sqlite3.Connection] = []
         self._conn = self._connect()
         self._variables = _variables(self._conn)
+        self._null = _null_for(self._conn)
         #: The write connection's settings as last sent (``append`` sends changes only).
         self._sync = _NORMAL
         self._busy_ms = _BUSY_MS
@@ -744,7 +769,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             packed = _packed
             if tier_rows.pending:  # the run records' values, with no event to wait for
                 tier.pack_in_background(self, tier_rows)
-        event_rows = [] if sites is None else _event_rows(events, split, sites)
+        event_rows = [] if sites is None else _event_rows(events, split, sites, self._null)
         end_rows = [
             (
                 r.run_id,
@@ -799,7 +824,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                         self._tier_generation = generation
                 if sites is None:
                     sites = {**known, **_site_ids(c, new_sites)}
-                    event_rows = _event_rows(events, split, sites)
+                    event_rows = _event_rows(events, split, sites, self._null)
                 _insert(c, _RUNS_HEAD, 15, run_rows)
                 _insert(c, _TAGS_HEAD, 3, tag_rows)
                 _insert(c, events_head, event_width, event_rows, variables=self._variables)
