@@ -430,6 +430,40 @@ def test_events_before_their_start_wait_for_it(store: StreamStore, url: str) -> 
     assert verify_store(store.sink).ok
 
 
+def _drain(url: str, out: Any) -> None:
+    report = Compactor(url).run(until_idle=1.0, max_seconds=60)
+    out.put((report.records, report.skipped))
+
+
+def test_two_compactors_drain_a_backlog_with_records_handed_back(
+    store: StreamStore, url: str
+) -> None:
+    """Two compactor processes on one run's backlog of frames: the one without the run's
+    start hands its frames back until the other stored it, and both stop idle with
+    every record stored once and nothing left pending. (With a pull request's byte
+    bound met, nats-server 2.9 left such redelivered frames pending and unsent until
+    their ack wait: the compactors stopped with them still in the stream.)"""
+    import multiprocessing
+
+    run_id = new_id(19)
+    events = make_events(run_id, 40_000)
+    for i in range(0, len(events), 1024):
+        store.append([start_of(run_id)] if i == 0 else [], events[i : i + 1024], [])
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_drain, args=(url, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    reports = [out.get(timeout=90) for _ in procs]
+    for p in procs:
+        p.join(10)
+    state = stream_state(url)
+    assert (state["depth"], state["unacknowledged"]) == (0, 0), (state, reports)
+    assert sum(r[0] for r in reports) == 40_001, reports
+    assert isinstance(store.sink, PostgresStore)
+    assert store.sink.query("SELECT count(*) FROM agent_execution_events") == [(40_000,)]
+
+
 def test_a_batch_delivered_again_after_its_commit_is_skipped(store: StreamStore, url: str) -> None:
     run_id = new_id(6)
     events = make_events(run_id, 8)

@@ -3,8 +3,9 @@
 Every compactor of a stream pulls from one durable consumer (``compactor`` by
 default) on the stream's work queue, so the server hands each message to one
 of them and adding a process adds throughput. A compactor fetches up to
-``batch`` messages and ``fetch_bytes`` bytes (a message is a frame of one
-run's records, or one record in a stream written before frames), writes their
+``batch`` messages, as many as make ``fetch_bytes`` at the size of the latest
+(a message is a frame of one run's records, or one record in a stream written
+before frames), writes their
 records to the sink in one ``append`` (COPY on PostgreSQL) and acknowledges the
 messages only once the sink committed. A message
 that is not acknowledged (a compactor killed, a sink down) is delivered again
@@ -61,9 +62,13 @@ RETRY_DELAY_S: Final = 0.5
 _KNOWN_CAP: Final = 200_000
 #: The control line of a delivery: ``HMSG <subject> <sid> <reply> <header bytes> <bytes>``.
 _DELIVERY: Final = re.compile(rb"HMSG ([^ \r\n]+) [^ \r\n]+ ([^ \r\n]+) (\d+) (\d+)\r\n")
-#: The most message bytes one fetch takes (raised to twice the largest message the
-#: server allows): with frames of about a megabyte, four of them to a sink write.
+#: The message bytes one fetch aims at: with frames of about a megabyte, four of them
+#: to a sink write. A fetch asks for as many messages as that makes at the size of
+#: the latest ones (a frame, or a record written before frames).
 FETCH_BYTES: Final = 4 << 20
+#: How far past ``fetch_bytes`` one fetch may go when message sizes jump (the bound
+#: the server enforces: rarely reached, since the count is the bound as a rule).
+FETCH_BYTES_CAP: Final = 16
 #: Seconds between reports to the status bucket.
 REPORT_EVERY_S: Final = 2.0
 
@@ -141,6 +146,8 @@ class Compactor:
         self.archive_after = archive_after
         self.report = CompactorReport(name or f"{socket.gethostname()}-{os.getpid()}")
         self._known: set[str] = set()
+        #: The size the next fetch's messages are reckoned at (see ``_fetch_count``).
+        self._msg_bytes = 1 << 20
         self._nc: Any = None
         self._js: Any = None
         self._sub: Any = None
@@ -190,7 +197,7 @@ class Compactor:
         wait = 1.0 if until_idle is None else min(1.0, until_idle)
         # The next batch is fetched while the sink writes this one.
         fetching: asyncio.Task[list[Any]] | None = asyncio.ensure_future(
-            self._sub.pull(self.batch, wait)
+            self._sub.pull(self._fetch_count(), wait)
         )
         # The batch before, being written to the sink and then acknowledged.
         writing: asyncio.Future[None] | None = None
@@ -205,7 +212,8 @@ class Compactor:
                     await self._sub.nak(msgs, 0.0)  # to another compactor at once
                     break
                 if msgs:
-                    fetching = asyncio.ensure_future(self._sub.pull(self.batch, 0.0))
+                    self._sized(msgs)
+                    fetching = asyncio.ensure_future(self._sub.pull(self._fetch_count(), 0.0))
                     batch = await self._prepare(msgs)
                     # Queued to the sink's thread at once: it starts this batch the
                     # moment the one before committed, without waiting for this loop
@@ -225,7 +233,7 @@ class Compactor:
                     await self._archive_now()
                 await self._maybe_report()
                 if fetching is None:
-                    fetching = asyncio.ensure_future(self._sub.pull(self.batch, wait))
+                    fetching = asyncio.ensure_future(self._sub.pull(self._fetch_count(), wait))
         finally:
             if writing is not None:
                 try:
@@ -286,9 +294,13 @@ class Compactor:
                 data._process_headers = _status_only  # type: ignore[method-assign]
             puller = _Puller(data, cfg.stream, self.consumer, cfg.timeout)
             await puller.start()
-        # Never under what one message may be: the server would answer a request
-        # whose bound its next message exceeds with none, every time.
-        puller.max_bytes = max(self.fetch_bytes, 2 * puller.max_payload)
+        # The server's bound only holds a fetch when message sizes jump: nats-server 2.9
+        # leaves a redelivered message that meets the bound unsent yet pending, until
+        # its ack wait (and then delivers it twice), so the count is the bound as a
+        # rule. Never under what one message may be: a request whose bound its next
+        # message exceeds would get none, every time.
+        puller.max_bytes = max(self.fetch_bytes * FETCH_BYTES_CAP, 2 * puller.max_payload)
+        self._msg_bytes = puller.max_payload
         self._sub = puller
         try:
             self._kv = await self._js.create_key_value(
@@ -296,6 +308,19 @@ class Compactor:
             )
         except Exception as exc:  # status is a report, never a reason to stop compacting
             log.warning("replayable: compactor status bucket unavailable: %s", exc)
+
+    def _fetch_count(self) -> int:
+        """How many messages the next fetch asks for: ``fetch_bytes`` at the size of the
+        latest messages, at most ``batch``."""
+        return max(1, min(self.batch, self.fetch_bytes // max(1, self._msg_bytes)))
+
+    def _sized(self, msgs: Sequence[Any]) -> None:
+        """Take the size of a fetch's messages: up to the largest at once, down by half
+        a fetch (a burst of small ones after large ones widens the fetches slowly)."""
+        largest = max(len(m.data) for m in msgs)
+        self._msg_bytes = (
+            largest if largest >= self._msg_bytes else max(largest, self._msg_bytes // 2)
+        )
 
     async def _close(self) -> None:
         if self._sub is not None:

@@ -60,8 +60,9 @@ def compactor(
     fetch_bytes: Annotated[
         int,
         typer.Option(
-            help="Most message bytes per fetch (raised to twice the largest message the "
-            "server allows).",
+            help="Message bytes a fetch aims at: it asks for as many messages as that makes "
+            "at the size of the latest ones (at most --batch); the server holds it to 16 "
+            "times this.",
             min=1,
         ),
     ] = 4 << 20,
