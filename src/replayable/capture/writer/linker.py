@@ -435,6 +435,9 @@ class Linker:
         version = EVENT_SCHEMA_VERSION
         current: str | None = None
         chain: Chain | None = None
+        last_kind: str | None = None
+        last_name: str | None = None
+        prefix = b""
         for p in pendings:
             (
                 run_id,
@@ -470,9 +473,11 @@ class Linker:
                     if chain is None:
                         chain = self.chain(run_id, chains)
                     current = run_id
-                prefix = prefixes.get((kind, name))
-                if prefix is None:
-                    prefix = _prefix(kind, name)
+                if kind != last_kind or name != last_name:
+                    # Runs of one boundary are the rule: no key to hash for each event.
+                    found = prefixes.get((kind, name))
+                    prefix = _prefix(kind, name) if found is None else found
+                    last_kind, last_name = kind, name
                 fp = sha(prefix + req).hexdigest()
                 error = None if err is None else err.decode()
                 prev = chain.head
