@@ -8,8 +8,9 @@ passes straight through). Instructions are counted only inside the timed loop
 thread of the agent's process; the writer process is not traced. The difference
 per call is what the seam executes, the hand-off to the writer included.
 
+``--stream`` does the same with ``N`` 500-chunk streams and reports per chunk.
 Slow (a few minutes: the interpreter's start-up and imports run under valgrind
-too); not part of ``run.py``. ``python bench/http_instructions.py [N]``
+too); not part of ``run.py``. ``python bench/http_instructions.py [--stream] [N]``
 """
 
 from __future__ import annotations
@@ -26,30 +27,32 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _agent(mode: str, n: int) -> None:
-    """Inside valgrind: ``n`` canned calls, recorded (``seam``) or not (``plain``)."""
+def _agent(mode: str, n: int, stream: bool) -> None:
+    """Inside valgrind: ``n`` canned calls (or streams), recorded (``seam``) or not (``plain``)."""
     sys.path.insert(0, str(HERE))
     import bench_http as bench
     import replayable
     from harness import temp_dir, warm_writer
     from replayable.store.sqlite import SQLiteStore
 
+    call = bench._stream if stream else bench._call
+
     @replayable.workflow("bench.http.instructions")
     def agent() -> int:
         with bench._canned_client() as client:
             for _ in range(20):  # both paths warm, every cache filled
-                bench._call(client)
+                call(client)
                 with bench._outside_run():
-                    bench._call(client)
+                    call(client)
 
             def loop(_a: int, _b: int) -> int:
                 if mode == "seam":
                     for _ in range(n):
-                        bench._call(client)
+                        call(client)
                 else:
                     with bench._outside_run():
                         for _ in range(n):
-                            bench._call(client)
+                            call(client)
                 return 0
 
             return functools.reduce(loop, [0, 1])
@@ -64,7 +67,7 @@ def _agent(mode: str, n: int) -> None:
             store.close()
 
 
-def _count(mode: str, n: int, folder: Path) -> int:
+def _count(mode: str, n: int, stream: bool, folder: Path) -> int:
     out = folder / f"callgrind.{mode}.out"
     subprocess.run(
         [
@@ -78,6 +81,7 @@ def _count(mode: str, n: int, folder: Path) -> int:
             "--inside",
             mode,
             str(n),
+            *(["--stream"] if stream else []),
         ],
         check=True,
         stdout=subprocess.DEVNULL,
@@ -90,19 +94,31 @@ def _count(mode: str, n: int, folder: Path) -> int:
     return int(found.group(1))
 
 
-def main(n: int) -> None:
+def main(n: int, stream: bool) -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed")
     with tempfile.TemporaryDirectory(prefix="replayable-callgrind-") as tmp:
-        seam = _count("seam", n, Path(tmp))
-        plain = _count("plain", n, Path(tmp))
-    print(f"recorded call: {seam / n:,.0f} instructions")
-    print(f"plain call:    {plain / n:,.0f} instructions")
-    print(f"seam per call: {(seam - plain) / n:,.0f} instructions ({seam / plain - 1:+.2%})")
+        seam = _count("seam", n, stream, Path(tmp))
+        plain = _count("plain", n, stream, Path(tmp))
+    unit, per = ("stream", n) if stream else ("call", n)
+    print(f"recorded {unit}: {seam / per:,.0f} instructions")
+    print(f"plain {unit}:    {plain / per:,.0f} instructions")
+    print(f"seam per {unit}: {(seam - plain) / per:,.0f} instructions ({seam / plain - 1:+.2%})")
+    if stream:
+        print(f"seam per chunk: {(seam - plain) / per / bench_chunks():,.0f} instructions")
+
+
+def bench_chunks() -> int:
+    sys.path.insert(0, str(HERE))
+    import bench_http
+
+    return bench_http.CHUNKS
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--inside"]:
-        _agent(sys.argv[2], int(sys.argv[3]))
+    args = [a for a in sys.argv[1:] if a != "--stream"]
+    stream = "--stream" in sys.argv[1:]
+    if args[:1] == ["--inside"]:
+        _agent(args[1], int(args[2]), stream)
     else:
-        main(int(sys.argv[1]) if len(sys.argv) > 1 else 100)
+        main(int(args[0]) if args else (10 if stream else 100), stream)
