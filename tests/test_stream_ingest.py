@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import zstandard
 from typer.testing import CliRunner
 
 import replayable
@@ -25,7 +26,14 @@ from replayable.errors import ConfigurationError, RunNotFoundError, StoreUnavail
 from replayable.store import open_store
 from replayable.store.postgres import PostgresStore
 from replayable.store.stream import StreamStore, parse_stream_url
-from replayable.store.stream._wire import encode, frames, message_id, records, run_subject
+from replayable.store.stream._wire import (
+    encode,
+    frames,
+    message_id,
+    records,
+    run_subject,
+    unpacked,
+)
 from replayable.store.verify import verify_store
 from tests import test_store_contract as contract
 from tests.faultproxy import FaultProxy
@@ -281,10 +289,18 @@ def test_frames_stay_under_the_servers_message_size(store: StreamStore, url: str
     big = new_id(16)
     many = make_events(big, 3000)
     store.append([start_of(big)], many, [make_end(big, many)])
-    sizes = [len(body) for _, _, body in raw_messages(store)[len(frames) + 5 :]]
-    assert len(sizes) >= 2
+    # Compressed on the wire ("z"), each under the bound unpacked too, the id's digest
+    # the frame's own.
+    bodies = [(mid, body) for _, mid, body in raw_messages(store)[len(frames) + 5 :]]
+    assert len(bodies) >= 2
+    assert all(body[:1] == b"z" for _, body in bodies)
+    sizes = [len(unpacked(body)) for _, body in bodies]
     assert max(sizes) > default // 2
     assert all(size <= default - 1024 for size in sizes)
+    for mid, body in bodies:
+        assert str(mid).endswith(hashlib.sha256(unpacked(body)).hexdigest()[:16])
+        assert len(body) < len(unpacked(body)) // 2
+    assert [e.seq for e in store.events(big)] == list(range(1, 3001))  # read as pending
     report = compact(url, batch=3)
     assert report.records == 42 + 5 + 3002
     assert [e.seq for e in store.sink.events(run_id)] == list(range(1, 41))
@@ -480,10 +496,14 @@ def test_a_batch_delivered_again_after_its_commit_is_skipped(store: StreamStore,
                 await js.publish(run_subject(store.prefix, None, "triage", run_id), encode(kind, r))
         await js.publish(f"{store.prefix}._.triage.{run_id}", b"zgarbage")
         await js.publish(f"{store.prefix}._.triage.{run_id}", b"f\x93\x90garbage")
+        # Compressed bodies that are no frame, or would unpack into too much.
+        pack = zstandard.ZstdCompressor().compress
+        for bad in (b"zgarbage", b"z" + pack(encode("e", events[0])), b"z" + pack(b"f" * 2**27)):
+            await js.publish(f"{store.prefix}._.triage.{run_id}", bad)
 
     store.client.run(again(), "publishing again", timeout=20)
     report = compact(url)
-    assert (report.records, report.skipped, report.rejected) == (0, 7, 2)
+    assert (report.records, report.skipped, report.rejected) == (0, 7, 5)
     assert stream_state(url)["depth"] == 0
     assert [e.seq for e in store.sink.events(run_id)] == list(range(1, 9))
     assert verify_store(store.sink).ok

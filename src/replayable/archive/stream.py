@@ -47,7 +47,7 @@ from replayable.errors import AppendOnlyError, ConfigurationError, RunNotFoundEr
 from replayable.events.model import Event, RunEnd, RunStart
 from replayable.store.base import EventStore
 from replayable.store.stream import StreamStore, decode, ensure_stream, parse_stream_url
-from replayable.store.stream._wire import decode_event, decode_frame
+from replayable.store.stream._wire import decode_event, decode_frame, unpacked
 
 __all__ = ["Compactor", "CompactorReport", "compactor_states", "stream_state"]
 
@@ -352,6 +352,12 @@ class Compactor:
             # `decode` uses); anything else, or a message that does not decode, goes
             # through `decode`, which names what is wrong.
             head = data[:1]
+            if head == b"z":  # a compressed frame (one that does not unpack: below)
+                try:
+                    data = unpacked(data)
+                    head = b"f"
+                except ConfigurationError:
+                    pass
             if head == b"f":
                 try:
                     frame = decode_frame(memoryview(data)[1:])

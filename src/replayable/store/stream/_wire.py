@@ -23,6 +23,8 @@ A single record's id is its key: ``<run id>:s``, ``<run id>:<seq>``,
 The body is one letter of kind, then msgpack: for a frame (``f``) the array
 ``[starts, events, ends]`` of the records, for a single record (``s``, ``e``,
 ``x``, ``b``) the record, exactly as the writer built it (hash chain included).
+A frame over :data:`COMPRESS_OVER` bytes goes as ``z`` and the zstd of its ``f``
+body (its id's digest is the ``f`` body's).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import msgspec
+import zstandard
 
 from replayable.errors import ConfigurationError
 from replayable.events.model import Event, RunEnd, RunStart
@@ -50,9 +53,15 @@ __all__ = [
     "run_filter",
     "run_subject",
     "token",
+    "unpacked",
 ]
 
 BLOB_TOKEN: Final = "_blob"
+#: Frames longer than this go compressed (zstd, level 1): the server's CPU and the
+#: stream's disk go by the byte.
+COMPRESS_OVER: Final = 4096
+#: The most bytes a compressed frame may unpack into (NATS's largest message size).
+UNPACKED_MAX: Final = 64 << 20
 
 
 class Frame(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -111,12 +120,32 @@ def encode(kind: str, record: Any) -> bytes:
     return kind.encode() + _encode(record)
 
 
+def unpacked(data: bytes) -> bytes:
+    """A compressed frame's body (``z`` + zstd of an ``f`` body) as the ``f`` body; any
+    other body as it is. A ``z`` body that does not decompress into a frame within
+    :data:`UNPACKED_MAX` bytes raises :class:`ConfigurationError`."""
+    if data[:1] != b"z":
+        return data
+    try:
+        if zstandard.frame_content_size(data[1:]) > UNPACKED_MAX:
+            raise ConfigurationError(f"a 'z' message unpacks into over {UNPACKED_MAX:,} bytes")
+        inner = zstandard.ZstdDecompressor().decompress(data[1:], max_output_size=UNPACKED_MAX)
+    except zstandard.ZstdError as exc:
+        raise ConfigurationError(f"a 'z' message does not decompress: {exc}") from exc
+    if len(inner) > UNPACKED_MAX or inner[:1] != b"f":
+        raise ConfigurationError(
+            f"a 'z' message does not hold a frame of at most {UNPACKED_MAX:,} bytes"
+        )
+    return inner
+
+
 def decode(data: bytes) -> tuple[str, Any]:
-    """``(kind, record)`` of a message body; a body that is not one raises
-    :class:`ConfigurationError` naming what is wrong (a stored record is data, never
-    trusted: it is decoded into the record types only)."""
+    """``(kind, record)`` of a message body (a compressed frame as ``f``); a body that
+    is not one raises :class:`ConfigurationError` naming what is wrong (a stored
+    record is data, never trusted: it is decoded into the record types only)."""
     if not data:
         raise ConfigurationError("an empty message is not a replayable record")
+    data = unpacked(data)
     decoder = _DECODERS.get(data[0])
     if decoder is None:
         raise ConfigurationError(f"a message of unknown kind {data[:1]!r} is not a record")
@@ -168,6 +197,10 @@ def frames(
             body += chunk
         data = b"".join(body)
         digest = hashlib.sha256(data).hexdigest()[:16]
+        if len(data) > COMPRESS_OVER:
+            packed = zstandard.ZstdCompressor(level=1).compress(data)
+            if len(packed) + 1 < len(data):
+                data = b"z" + packed
         yield f"{rid}:{part[0][1]}-{part[-1][1]}:{digest}", data
         i = j
 
