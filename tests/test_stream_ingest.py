@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import json
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import zstandard
 from typer.testing import CliRunner
 
 import replayable
-from replayable.archive.stream import Compactor, stream_state
+from replayable.archive.stream import FETCH_BYTES, Compactor, stream_state
 from replayable.capture.writer import writer_for
 from replayable.cli import app
 from replayable.errors import ConfigurationError, RunNotFoundError, StoreUnavailableError
@@ -301,6 +302,13 @@ def test_frames_stay_under_the_servers_message_size(store: StreamStore, url: str
         assert str(mid).endswith(hashlib.sha256(unpacked(body)).hexdigest()[:16])
         assert len(body) < len(unpacked(body)) // 2
     assert [e.seq for e in store.events(big)] == list(range(1, 3001))  # read as pending
+    # A compactor reckons its fetches by the frames' unpacked size.
+    sizer = Compactor(url)
+    try:
+        sizer._sized([types.SimpleNamespace(data=body) for _, body in bodies])
+        assert sizer._fetch_count() == FETCH_BYTES // max(sizes)
+    finally:
+        sizer.sink.close()
     report = compact(url, batch=3)
     assert report.records == 42 + 5 + 3002
     assert [e.seq for e in store.sink.events(run_id)] == list(range(1, 41))

@@ -47,7 +47,7 @@ from replayable.errors import AppendOnlyError, ConfigurationError, RunNotFoundEr
 from replayable.events.model import Event, RunEnd, RunStart
 from replayable.store.base import EventStore
 from replayable.store.stream import StreamStore, decode, ensure_stream, parse_stream_url
-from replayable.store.stream._wire import decode_event, decode_frame, unpacked
+from replayable.store.stream._wire import decode_event, decode_frame, unpacked, unpacked_size
 
 __all__ = ["Compactor", "CompactorReport", "compactor_states", "stream_state"]
 
@@ -315,9 +315,10 @@ class Compactor:
         return max(1, min(self.batch, self.fetch_bytes // max(1, self._msg_bytes)))
 
     def _sized(self, msgs: Sequence[Any]) -> None:
-        """Take the size of a fetch's messages: up to the largest at once, down by half
-        a fetch (a burst of small ones after large ones widens the fetches slowly)."""
-        largest = max(len(m.data) for m in msgs)
+        """Take the size of a fetch's messages, a compressed frame's unpacked: up to the
+        largest at once, down by half a fetch (a burst of small ones after large ones
+        widens the fetches slowly)."""
+        largest = max(unpacked_size(m.data) for m in msgs)
         self._msg_bytes = (
             largest if largest >= self._msg_bytes else max(largest, self._msg_bytes // 2)
         )

@@ -54,6 +54,7 @@ __all__ = [
     "run_subject",
     "token",
     "unpacked",
+    "unpacked_size",
 ]
 
 BLOB_TOKEN: Final = "_blob"
@@ -137,6 +138,18 @@ def unpacked(data: bytes) -> bytes:
             f"a 'z' message does not hold a frame of at most {UNPACKED_MAX:,} bytes"
         )
     return inner
+
+
+def unpacked_size(data: bytes) -> int:
+    """How long a message body is once unpacked, as far as it says (its own length for
+    one that is not compressed or does not say)."""
+    if data[:1] != b"z":
+        return len(data)
+    try:
+        size = zstandard.frame_content_size(data[1:])
+    except zstandard.ZstdError:
+        return len(data)
+    return size if size >= 0 else len(data)
 
 
 def decode(data: bytes) -> tuple[str, Any]:
