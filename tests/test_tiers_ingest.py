@@ -328,3 +328,31 @@ def test_a_message_is_found_past_an_object_that_starts_like_it() -> None:
     pieces, tail = split_payload(text)
     assert pieces == [(text[: text.find(wanted)], wanted)]
     assert "".join(literal + segment for literal, segment in pieces) + tail == text
+
+
+@pytest.mark.parametrize("sealing", [False, True])
+def test_a_split_payloads_reference_holds_its_whole_sha256(sealing: bool) -> None:
+    """The payload digest a reference starts with, built from its pieces' bytes, is the
+    sha256 of the payload's text, non-ASCII text between and inside the messages too,
+    and with every literal made a blob of its own (encrypting)."""
+    from replayable.events.canonical import payload_digest
+
+    rnd = random.Random(11)
+    tier = PayloadTier()
+    if sealing:
+        tier.seal = lambda tenant, data, digest: ("k", data)
+    words = ["hé", "naïve", "日本", "ok", "\\u2028", "x" * 70, "🙂", '\\"q\\"']
+    for _ in range(300):
+        messages = [
+            {
+                "role": rnd.choice(["user", "assistant"]),
+                "content": " ".join(rnd.choices(words, k=rnd.randrange(1, 40))),
+            }
+            for _ in range(rnd.randrange(1, 6))
+        ]
+        body: dict[str, object] = {"messages": messages, "model": rnd.choice(words)}
+        if rnd.random() < 0.5:
+            body["doc"] = "ü" * rnd.randrange(500, 900)
+        text = orjson.dumps(body, option=orjson.OPT_SORT_KEYS).decode()
+        ref = tier.externalize(None, "", text, payloads.TierRows())  # type: ignore[arg-type]
+        assert ref[:64] == payload_digest(text), text

@@ -514,8 +514,15 @@ class PayloadTier:
         blobs: list[str] = []
         at: str | None = None
         whole: str | None = None
+        # The payload's own sha256, from the bytes of its pieces in order (they join to
+        # it exactly, and UTF-8 of a join is the join of UTF-8s): the text is not encoded
+        # a second time, which for a long non-ASCII payload cost as much as its hashing.
+        full = hashlib.sha256()
         for literal, segment in pieces:
             data = segment.encode()
+            if literal:
+                full.update(literal.encode())
+            full.update(data)
             blob = hashlib.sha256(data).hexdigest()
             if segment is text:
                 whole = blob  # the payload is one segment: its digest is the payload's
@@ -540,7 +547,10 @@ class PayloadTier:
             rows.nodes[(tenant, head)] = NodeRow(
                 tenant, head, prefixes[start - 1] if start else None, body
             )
-        return (whole or payload_digest(text)) + prefixes[-1] + tail
+        if whole is None:
+            full.update(tail.encode())
+            whole = full.hexdigest()
+        return whole + prefixes[-1] + tail
 
     def committed(self, rows: TierRows) -> None:
         """``rows`` are stored: later batches need not compress or send them again."""
