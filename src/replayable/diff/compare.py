@@ -78,6 +78,23 @@ class FieldChange:
         }
 
 
+_new = object.__new__
+
+
+def field_change(side: str, path: str, old: Any, new: Any, rank: Rank) -> FieldChange:
+    """``FieldChange(side, path, old, new, rank)`` at half the cost, for the hot path (one
+    per changed leaf of every step): a frozen dataclass's ``__init__`` sets each field
+    through ``object.__setattr__``; this fills the instance's ``__dict__`` at once."""
+    change = _new(FieldChange)
+    fields = change.__dict__
+    fields["side"] = side
+    fields["path"] = path
+    fields["old"] = old
+    fields["new"] = new
+    fields["rank"] = rank
+    return change
+
+
 def _join(side: str, path: str) -> str:
     if not path:
         return side
@@ -187,7 +204,7 @@ class Comparer:
             return  # 1 and 1.0: number spelling, not a change
         if isinstance(old, str) and isinstance(new, str):
             if _WORDS.sub(" ", old).strip() == _WORDS.sub(" ", new).strip():
-                out.append(FieldChange(side, path, old, new, "noise"))
+                out.append(field_change(side, path, old, new, "noise"))
                 return
             inner = _json_pair(old, new)
             if inner is not None:
@@ -210,7 +227,7 @@ class Comparer:
             else:
                 rank = "structural" if structural else "text"
             self._ranks[key] = rank
-        return FieldChange(side, path, old, new, rank)
+        return field_change(side, path, old, new, rank)
 
     @staticmethod
     def _matches(rx: re.Pattern[str] | None, text: str) -> bool:
