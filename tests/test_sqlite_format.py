@@ -317,3 +317,52 @@ def test_missing_values_are_stored_as_null_and_read_back_as_none(tmp_path: Path)
         assert verify_store(store, integrity=Integrity()).ok
     finally:
         store.close()
+
+
+def test_reading_in_python_gives_what_the_sql_text_form_gives(tmp_path: Path) -> None:
+    """The readers build the text form of a row in Python (hashes as hex, the call site's
+    text by its id); for every stored form, hostile ones included (a blob of another
+    length, a number where a hash belongs, a site id no row of call_sites holds), that
+    is what the SQL form gives, column for column."""
+    from replayable.store.sqlite import _EVENT_SELECT, _EVENT_STORED, _text_columns
+
+    rid = new_id(7)
+    events = [
+        msgspec.structs.replace(e, call_site=f"a.py:{e.seq % 2} in f") for e in make_events(rid, 4)
+    ]
+    events = _rehashed([msgspec.structs.replace(events[0], fingerprint="AB" * 32), *events[1:]])
+    store = SQLiteStore(tmp_path / "runs.db")
+    store.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
+    try:
+        store.append([make_start(rid)], events, [make_end(rid, events)])
+    finally:
+        store.close()
+    with sqlite3.connect(tmp_path / "runs.db") as db:
+        db.execute("DROP TRIGGER events_no_update")
+        db.execute("UPDATE events SET hash = x'0102', call_site = 'old.py:1' WHERE seq = 2")
+        db.execute("UPDATE events SET prev_hash = 7, site = 9999 WHERE seq = 3")
+        db.commit()
+        by_sql = db.execute(f"SELECT {_EVENT_SELECT} FROM events ORDER BY seq").fetchall()
+        stored = db.execute(f"SELECT {_EVENT_STORED} FROM events ORDER BY seq").fetchall()
+        sites = dict(db.execute("SELECT site_id, text FROM call_sites"))
+    asked: list[set[int]] = []
+
+    def site_texts(ids: set[int]) -> dict[int, str]:
+        asked.append(ids)
+        return {i: sites[i] for i in ids if i in sites}
+
+    columns = _text_columns(stored, site_texts)
+    assert list(zip(*columns, strict=True)) == by_sql
+    assert by_sql[1][18] == "0102"
+    assert by_sql[2][17] == 7
+    assert by_sql[2][6] is None
+    assert len(asked) == 1  # one lookup for the whole batch
+    reopened = SQLiteStore(tmp_path / "runs.db")
+    try:
+        assert reopened.stored_rows([rid]) == by_sql
+        got = reopened.events(rid)
+        assert [e.call_site for e in got] == [r[6] for r in by_sql]
+        assert got[0] == events[0]
+        assert got[3] == events[3]
+    finally:
+        reopened.close()

@@ -31,6 +31,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -323,19 +324,32 @@ def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) ->
     _write_runs(store, part, listed, spaces)
     refs: dict[str, set[str]] = {}
     schema = pa.schema([(name, _EVENT_TYPES[name]) for name in EVENT_FIELDS])
-    total = 0
     written = _Rows()
     fs, path = filesystem(part.events_url)
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path, "wb") as out:
+    with fs.open(path, "wb") as out, ThreadPoolExecutor(1, "replayable-archive") as pool:
         writer = pq.ParquetWriter(out, schema, compression="zstd")
-        for rows in _run_batches(store, sorted(part.runs)):
-            total += len(rows)
-            written.add([r[0] for r in rows], sum(r[1] or 0 for r in rows), [r[18] for r in rows])
-            writer.write_table(_event_table(pa, schema, rows, spaces, refs), len(rows))
-        if not total:
-            writer.write_table(schema.empty_table())
+        # A row group is encoded and compressed (pyarrow, without the GIL) on the pool's
+        # thread while the next one is read from the store and built here; one at a time,
+        # in order, so at most two are held.
+        pending: Future[None] | None = None
+        try:
+            for columns in _run_batches(store, sorted(part.runs)):
+                table = _event_table(pa, schema, columns, spaces, refs)
+                written.add(table)
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(writer.write_table, table, table.num_rows)
+            if pending is not None:
+                pending.result()
+                pending = None
+            if not written.count:
+                writer.write_table(schema.empty_table())
+        finally:
+            if pending is not None:
+                pending.exception()  # the error being raised wins; the write is let finish
         writer.close()
+    total = written.count
     nodes: list[NodeRow] = []
     blobs: list[BlobRow] = []
     for key_space, wanted in refs.items():
@@ -409,32 +423,67 @@ def _write_runs(
 
 
 class _Rows:
-    """What an events file holds, in order: its rows, the sum of their seqs, and a sha256
-    over their run ids and hashes (a row's hash covers the rest of it), kept as the file
-    is written and computed again from the file read back."""
+    """What an events file holds, in order: its rows, and a sha256 of each of the columns
+    that name a row (run id, seq) and fix the rest of it (its hash), over the Arrow
+    buffers themselves (values, then value lengths, then where the nulls are), so the
+    digests neither loop in Python nor depend on how the rows are cut into row groups
+    or chunks. Kept as the file is written, computed again from the file read back."""
+
+    COLUMNS: Final = ("run_id", "seq", "hash")
 
     def __init__(self) -> None:
         self.count = 0
-        self.seqs = 0
-        self._ids = hashlib.sha256()
-        self._hashes = hashlib.sha256()
+        # Per column: its values, their lengths, the row numbers of its nulls.
+        self._digests = [tuple(hashlib.sha256() for _ in range(3)) for _ in self.COLUMNS]
 
-    def add(self, run_ids: Sequence[Any], seq_sum: int, hashes: Sequence[Any]) -> None:
-        # Each value ends with a NUL, so the digests do not depend on how rows are batched.
-        if not run_ids:
-            return
-        self.count += len(run_ids)
-        self.seqs += seq_sum
-        self._ids.update(("\x00".join(map(str, run_ids)) + "\x00").encode())
-        self._hashes.update(("\x00".join(map(str, hashes)) + "\x00").encode())
+    def add(self, table: Any) -> None:
+        """Fold in the rows of ``table`` (a pyarrow Table holding :attr:`COLUMNS`)."""
+        for name, digests in zip(self.COLUMNS, self._digests, strict=True):
+            row = self.count
+            column = table.column(name)
+            for chunk in getattr(column, "chunks", [column]):
+                _fold(chunk, row, *digests)
+                row += len(chunk)
+        self.count += table.num_rows
 
-    def _key(self) -> tuple[int, int, bytes, bytes]:
-        return (self.count, self.seqs, self._ids.digest(), self._hashes.digest())
+    def _key(self) -> tuple[int, list[bytes]]:
+        return (self.count, [d.digest() for pair in self._digests for d in pair])
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Rows) and self._key() == other._key()
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _fold(chunk: Any, row: int, values: Any, lengths: Any, nulls: Any) -> None:
+    """Add one Arrow array's values, value lengths and nulls (by row number, its first
+    row being ``row``) to those three digests, reading only the array's own part of its
+    buffers (it may be a slice)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not len(chunk):
+        return
+    kind = chunk.type
+    if chunk.null_count:
+        nulls.update(_int64_bytes(pc.add(pc.indices_nonzero(chunk.is_null()), row)))
+        chunk = chunk.fill_null(0 if pa.types.is_integer(kind) else "")
+    n, at = len(chunk), chunk.offset
+    buffers = chunk.buffers()
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
+        offsets = memoryview(buffers[1]).cast("q" if pa.types.is_large_string(kind) else "i")
+        if buffers[2] is not None:
+            values.update(memoryview(buffers[2])[offsets[at] : offsets[at + n]])
+        lengths.update(_int64_bytes(pc.binary_length(chunk).cast(pa.int64())))
+    elif kind == pa.int64():
+        values.update(memoryview(buffers[1])[at * 8 : (at + n) * 8])
+    else:
+        raise StoreError(f"checking an archive column: {kind} is not a type it holds")
+
+
+def _int64_bytes(array: Any) -> memoryview:
+    """The values of an int64 array without nulls, as bytes."""
+    return memoryview(array.buffers()[1])[array.offset * 8 : (array.offset + len(array)) * 8]
 
 
 def _check_part(part: ArchivePart, written: _Rows, tier: set[tuple[str, str, str]]) -> None:
@@ -444,17 +493,9 @@ def _check_part(part: ArchivePart, written: _Rows, tier: set[tuple[str, str, str
     import pyarrow.parquet as pq
 
     try:
-        import pyarrow.compute as pc
-
         fs, path = filesystem(part.events_url)
-        table = pq.read_table(path, filesystem=fs, columns=["run_id", "seq", "hash"])
         found = _Rows()
-        if table.num_rows:
-            found.add(
-                table.column("run_id").to_pylist(),
-                int(pc.sum(table.column("seq").fill_null(0)).as_py()),
-                table.column("hash").to_pylist(),
-            )
+        found.add(pq.read_table(path, filesystem=fs, columns=list(_Rows.COLUMNS)))
         fs, path = filesystem(part.blobs_url)
         table = pq.read_table(path, filesystem=fs, columns=["kind", "space", "digest"])
         stored = set(
@@ -484,40 +525,48 @@ def _check_part(part: ArchivePart, written: _Rows, tier: set[tuple[str, str, str
         )
 
 
-def _run_batches(store: EventStore, run_ids: Sequence[str]) -> Iterable[list[tuple[Any, ...]]]:
+def _run_batches(store: EventStore, run_ids: Sequence[str]) -> Iterable[list[list[Any]]]:
     """The runs' stored rows (as stored, not decoded: a damaged row is archived as it is
-    and named by whoever reads it), whole runs at a time, about ROW_GROUP_ROWS rows per
-    batch: one row group each. A batch is written and let go before the next is read,
-    so the memory of one is reused by the next, not taken afresh for the whole part."""
-    pending: list[tuple[Any, ...]] = []
+    and named by whoever reads it) as columns, whole runs at a time, about ROW_GROUP_ROWS
+    rows per batch: one row group each. A batch is written and let go soon after the
+    next is read, so the memory of one is reused, not taken afresh for the whole part."""
+    pending: list[list[Any]] = []
+    rows_pending = 0
     at, step, seen_runs, seen_rows = 0, 1, 0, 0
     while at < len(run_ids):
         chunk = run_ids[at : at + step]
         at += len(chunk)
-        rows = store.stored_rows(chunk)
+        columns = store.stored_columns(chunk)
+        rows = len(columns[0]) if columns else 0
         seen_runs += len(chunk)
-        seen_rows += len(rows)
+        seen_rows += rows
         # As many runs next as make up the rest of a row group at the rows per run so far.
         per_run = max(seen_rows / seen_runs, 1.0)
-        pending.extend(rows)
-        if len(pending) >= ROW_GROUP_ROWS:
+        if rows:
+            if pending:
+                for mine, more in zip(pending, columns, strict=True):
+                    mine.extend(more)
+            else:
+                pending = [list(c) for c in columns]
+            rows_pending += rows
+        if rows_pending >= ROW_GROUP_ROWS:
             yield pending
-            pending = []
-        step = max(1, min(500, int((ROW_GROUP_ROWS - len(pending)) / per_run) or 1))
-    if pending:
+            pending, rows_pending = [], 0
+        step = max(1, min(500, int((ROW_GROUP_ROWS - rows_pending) / per_run) or 1))
+    if rows_pending:
         yield pending
 
 
 def _event_table(
     pa: Any,
     schema: Any,
-    rows: list[tuple[Any, ...]],
+    columns: list[Any],
     spaces: dict[str, str],
     refs: dict[str, set[str]],
 ) -> Any:
-    """One row group's table from its rows (one list per column); the payload references
-    in it added to ``refs`` by key space."""
-    columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
+    """One row group's table from its columns; the payload references in it added to
+    ``refs`` by key space."""
+    columns = list(columns)
     last = None
     mine: set[str] = set()
     for run_id, rq, rs, error in zip(

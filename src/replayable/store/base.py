@@ -279,6 +279,13 @@ class EventStore(AuditStore, ABC):
         columns (``rows.EVENT_COLUMNS``) then the two tier references."""
         raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
 
+    def stored_columns(self, run_ids: Sequence[str]) -> list[Sequence[Any]]:
+        """:meth:`stored_rows` as columns (a store may build them without the rows)."""
+        rows = self.stored_rows(run_ids)
+        if not rows:
+            return []
+        return list(zip(*rows, strict=True))
+
     def run_spaces(self, run_ids: Sequence[str]) -> dict[str, str]:
         """The key space of each run's payloads."""
         raise ConfigurationError(f"{self.url} cannot be archived (use SQLite or PostgreSQL)")
