@@ -40,7 +40,7 @@ def _agent(mode: str, n: int, stream: bool) -> None:
     @replayable.workflow("bench.http.instructions")
     def agent() -> int:
         with bench._canned_client() as client:
-            for _ in range(20):  # both paths warm, every cache filled
+            for _ in range(3 if stream else 20):  # both paths warm, every cache filled
                 call(client)
                 with bench._outside_run():
                     call(client)
@@ -121,4 +121,4 @@ if __name__ == "__main__":
     if args[:1] == ["--inside"]:
         _agent(args[1], int(args[2]), stream)
     else:
-        main(int(args[0]) if args else (10 if stream else 100), stream)
+        main(int(args[0]) if args else (4 if stream else 100), stream)
