@@ -101,6 +101,21 @@ def test_stop_at_beyond_the_run_is_a_clear_error(store, step, message):
         replayable.replay(run_id, store=store, stop_at=step)
 
 
+def test_stop_at_a_span_is_a_clear_error_and_the_next_call_pauses(store):
+    """The tape of a partial replay ends at its step; a step that is a span (no call to
+    pause before) is refused, naming the step, even though it is the last event read,
+    and the call after it pauses as any other."""
+    run_id, _ = record(store, agents.parent, ["a"])
+    events = store.events(run_id)
+    span = next(e for e in events if e.kind == "span")
+    with pytest.raises(replayable.ConfigurationError, match=f"stop_at={span.seq}: "):
+        replayable.replay(run_id, store=store, stop_at=span.seq)
+    after = next(e for e in events if e.seq > span.seq and e.key is not None)
+    result = replayable.replay(run_id, store=store, stop_at=after.seq)
+    assert result.status == "paused"
+    assert result.paused.event.seq == after.seq
+
+
 # -- fork -----------------------------------------------------------------------
 
 

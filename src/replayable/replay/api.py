@@ -80,6 +80,9 @@ def _steps(events: list[Event]) -> dict[int, Event]:
 
 
 def _check_step(store: EventStore, run: Run, events: list[Event], step: int, what: str) -> Event:
+    # The tape of a partial replay ends at its step: found without indexing the tape.
+    if events and events[-1].seq == step and events[-1].key is not None:
+        return events[-1]
     steps = _steps(events)
     if step in steps:
         return steps[step]
@@ -195,7 +198,10 @@ def replay(
 
     partial = stop_at is not None
     events = st.events_until(run.run_id, stop_at) if stop_at is not None else []
-    if stop_at is None or not any(e.seq == stop_at for e in events):
+    # Events come in seq order: the step, when recorded, is the last one read.
+    if stop_at is None or not (
+        (events and events[-1].seq == stop_at) or any(e.seq == stop_at for e in events)
+    ):
         partial = False
         events = st.events(run.run_id)
     if stop_at is not None:
