@@ -567,6 +567,19 @@ def _event_table(
     """One row group's table from its columns; the payload references in it added to
     ``refs`` by key space."""
     columns = list(columns)
+    n = len(columns[0])
+    # Most row groups reference nothing in the tier: that is counted in C, not looped over.
+    if any(columns[i].count(None) != n for i in (20, 21, 11)):
+        _add_refs(columns, spaces, refs)
+    columns[12] = [True if v == 1 else False if v == 0 else None for v in columns[12]]
+    return pa.table(
+        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
+        schema=schema,
+    )
+
+
+def _add_refs(columns: list[Any], spaces: dict[str, str], refs: dict[str, set[str]]) -> None:
+    """The payload references of a row group's rows, added to ``refs`` by key space."""
     last = None
     mine: set[str] = set()
     for run_id, rq, rs, error in zip(
@@ -584,11 +597,6 @@ def _event_table(
                 mine.add(rs)
             if err is not None:
                 mine.add(err)
-    columns[12] = [True if v == 1 else False if v == 0 else None for v in columns[12]]
-    return pa.table(
-        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
-        schema=schema,
-    )
 
 
 def _types() -> dict[str, Any]:
