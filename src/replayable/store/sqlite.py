@@ -643,8 +643,6 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         self._tenant_cache: dict[str, str] = {}
         #: Call sites known to be in ``call_sites``, by text: their ids (a cache).
         self._site_ids: dict[str, int] = {}
-        #: Call-site texts read back, by id (rows of ``call_sites`` never change).
-        self._site_cache: dict[int, str] = {}
         self.tier = PayloadTier()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -1180,10 +1178,13 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         return out
 
     def _site_texts(self, site_ids: set[int]) -> dict[int, str]:
-        """The text of each call site among ``site_ids`` (rows of ``call_sites`` never
-        change: those read once are kept)."""
-        known = self._site_cache
-        missing = [s for s in site_ids if s not in known]
+        """The text of each call site among ``site_ids``, as the file holds it now.
+
+        Read on every call, never kept: the store appends to ``call_sites`` only, but a
+        row rewritten on disk must read as rewritten (so that ``verify`` in a
+        long-running process catches it), not as this object remembers it."""
+        known: dict[int, str] = {}
+        missing = list(site_ids)
         for start in range(0, len(missing), _ROWS_PER_STATEMENT):
             chunk = missing[start : start + _ROWS_PER_STATEMENT]
             ((found,),) = self._query(
