@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -124,3 +125,46 @@ def test_import_loads_nothing_it_can_do_without() -> None:
 def test_recording_refuses_a_context_that_is_not_a_mapping() -> None:
     with pytest.raises(TypeError, match="takes a mapping"):
         replayable.recording("memory://", context=["flag"])  # type: ignore[arg-type]
+
+
+def test_a_synchronous_recording_loads_no_asyncio_and_no_cipher(tmp_path: Path) -> None:
+    """A script that records one synchronous tool call into SQLite in clear loads neither
+    asyncio, nor concurrent.futures, nor cryptography in the agent's process (they cost a
+    start-up a third of its imports); the run is stored all the same, and an async
+    workflow and ``ContextThreadPoolExecutor`` still work once asked for."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, replayable\n"
+        "@replayable.tool\n"
+        "def add(a, b):\n"
+        "    return a + b\n"
+        "@replayable.workflow\n"
+        "def flow():\n"
+        "    return add(1, 2)\n"
+        "with replayable.recording('sqlite:///runs.db') as rec:\n"
+        "    flow()\n"
+        "heavy = ('asyncio', 'concurrent.futures', 'cryptography')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "print(len(replayable.open_store('sqlite:///runs.db').events(rec.run_ids[0])))\n"
+        "import asyncio\n"
+        "@replayable.workflow\n"
+        "async def aflow():\n"
+        "    with replayable.ContextThreadPoolExecutor(1) as pool:\n"
+        "        return pool.submit(add, 2, 3).result() + await asyncio.to_thread(add, 1, 1)\n"
+        "with replayable.recording('sqlite:///runs.db') as rec:\n"
+        "    print(asyncio.run(aflow()))\n"
+        "print(len(replayable.open_store('sqlite:///runs.db').events(rec.run_ids[0])))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPLAYABLE_DATA")}
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert out.stdout.splitlines() == ["[]", "1", "7", "2"], out.stderr[-2000:]

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
         workflow_info,
     )
     from replayable.capture.config import configure, settings
-    from replayable.capture.context import ContextThreadPoolExecutor, carry
+    from replayable.capture.context import carry
+    from replayable.capture.executor import ContextThreadPoolExecutor
     from replayable.capture.recording import Recording
 
 _LAZY: dict[str, str] = {
@@ -49,7 +50,7 @@ _LAZY: dict[str, str] = {
     ),
     "configure": "replayable.capture.config",
     "settings": "replayable.capture.config",
-    "ContextThreadPoolExecutor": "replayable.capture.context",
+    "ContextThreadPoolExecutor": "replayable.capture.executor",
     "carry": "replayable.capture.context",
     "Recording": "replayable.capture.recording",
     **dict.fromkeys(("prompt", "retrieval", "snapshot"), "replayable.capture.decisions"),

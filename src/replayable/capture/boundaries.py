@@ -6,7 +6,6 @@ straight through.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import functools
 import inspect
@@ -78,6 +77,9 @@ def workflow(
                 st = _get_state()
                 if st is None:
                     return await fn(*args, **kwargs)
+                # Imported here, not at the top: a synchronous agent need not load it.
+                import asyncio
+
                 install_task_factory(asyncio.get_running_loop())
                 if st.run is None:
                     return await st.session.arun_root(wf, args, kwargs)
@@ -350,6 +352,8 @@ def sleep(seconds: float) -> None:
 
 async def asleep(seconds: float) -> None:
     """``await asyncio.sleep(seconds)``, recorded; a replay does not sleep."""
+    import asyncio
+
     st = _get_state()
     if st is None or st.run is None:
         await asyncio.sleep(seconds)

@@ -10,21 +10,20 @@ calls match on replay however their completion order falls.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import itertools
 import sys
 import types
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
+    import asyncio
+
     from replayable.capture.runtime import RunContext, Session
 
 __all__ = [
-    "ContextThreadPoolExecutor",
     "Lineage",
     "State",
     "active_state",
@@ -114,13 +113,6 @@ def carry(fn: Callable[P, R]) -> Callable[P, R]:
     return run_carried
 
 
-class ContextThreadPoolExecutor(ThreadPoolExecutor):
-    """A ThreadPoolExecutor whose tasks run in the submitter's recording context."""
-
-    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
-        return super().submit(carry(fn), *args, **kwargs)
-
-
 def _in_finalizer(frame: types.FrameType | None, depth: int = 4) -> bool:
     """Whether one of the ``depth`` innermost frames is a ``__del__`` method."""
     while frame is not None and depth:
@@ -150,6 +142,9 @@ def _task_factory(
         kwargs["context"] = context
         if previous is not None:
             return previous(loop, coro, **kwargs)  # type: ignore[no-any-return]
+        # Imported here, not at the top: a synchronous agent need not load it.
+        import asyncio
+
         return asyncio.Task(coro, loop=loop, **kwargs)
 
     factory.replayable = True  # type: ignore[attr-defined]

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 import orjson
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from replayable.events.canonical import (
     event_fields,
@@ -39,6 +37,11 @@ from replayable.events.canonical import (
 )
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+
     from replayable.events.model import Event, RunEnd, RunStart
 
 __all__ = [
@@ -86,9 +89,10 @@ class ChainKey:
     key_id: str
     secret: bytes = field(repr=False)
     mac_key: bytes = field(init=False, repr=False)
-    _signer: Ed25519PrivateKey = field(init=False, repr=False)
-    _inner: Any = field(init=False, repr=False)
-    _outer: Any = field(init=False, repr=False)
+    # Made on first use (``cryptography`` is imported then, not with this module).
+    _signer: Ed25519PrivateKey | None = field(init=False, repr=False, compare=False, default=None)
+    _inner: Any = field(init=False, repr=False, compare=False)
+    _outer: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not KEY_ID.fullmatch(self.key_id):
@@ -100,9 +104,7 @@ class ChainKey:
                 f"key {self.key_id!r} has {len(self.secret)} bytes; a chain key needs at least 32"
             )
         mac_key = hmac.digest(self.secret, b"replayable chain hmac-sha256", "sha256")
-        seed = hmac.digest(self.secret, b"replayable seal ed25519", "sha256")
         object.__setattr__(self, "mac_key", mac_key)
-        object.__setattr__(self, "_signer", Ed25519PrivateKey.from_private_bytes(seed))
         # HMAC's padded inner and outer states, hashed once: each MAC then costs two
         # state copies instead of a new OpenSSL context (about half of one-shot HMAC).
         padded = mac_key.ljust(64, b"\0")
@@ -110,8 +112,20 @@ class ChainKey:
         object.__setattr__(self, "_outer", hashlib.sha256(bytes(b ^ 0x5C for b in padded)))
 
     @property
+    def signer(self) -> Ed25519PrivateKey:
+        """The Ed25519 key seals are signed with, derived from the secret."""
+        signer = self._signer
+        if signer is None:
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+            seed = hmac.digest(self.secret, b"replayable seal ed25519", "sha256")
+            signer = Ed25519PrivateKey.from_private_bytes(seed)
+            object.__setattr__(self, "_signer", signer)
+        return signer
+
+    @property
     def public_key(self) -> Ed25519PublicKey:
-        return self._signer.public_key()
+        return self.signer.public_key()
 
     def mac(self, data: bytes) -> str:
         """HMAC-SHA256 of ``data`` under this key, as hex."""
@@ -124,12 +138,14 @@ class ChainKey:
 
     def sign(self, data: bytes) -> str:
         """An Ed25519 signature of ``data``, as hex."""
-        return self._signer.sign(data).hex()
+        return self.signer.sign(data).hex()
 
     def signature_holds(self, data: bytes, signature: str | None) -> bool:
         """Whether ``signature`` (hex) is this key's signature of ``data``."""
         if not isinstance(signature, str):
             return False
+        from cryptography.exceptions import InvalidSignature
+
         try:
             self.public_key.verify(bytes.fromhex(signature), data)
         except (InvalidSignature, ValueError):

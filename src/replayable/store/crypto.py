@@ -39,13 +39,28 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from replayable.errors import ConfigurationError
 from replayable.events.chain import KeyProvider
 from replayable.store.keys import FileKeyring, StaticKeys, parse_key
 from replayable.store.payloads import Erased, Unreadable, space, split_space
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+
+def _aesgcm(key: bytes) -> AESGCM:
+    """AES-256-GCM under ``key``. ``cryptography`` is imported on first use, not with the
+    store: an agent whose payloads stay in clear never loads it."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM(key)
+
+
+def _invalid_tag() -> type[Exception]:
+    from cryptography.exceptions import InvalidTag
+
+    return InvalidTag
+
 
 if TYPE_CHECKING:
     from replayable.store.base import EventStore
@@ -121,7 +136,7 @@ class LocalWrapper:
         key = self.keys.get(kek_id)
         if key is None:
             return None
-        return AESGCM(hmac.digest(key.secret, b"replayable data kek aes-256-gcm", "sha256"))
+        return _aesgcm(hmac.digest(key.secret, b"replayable data kek aes-256-gcm", "sha256"))
 
     def current_kek(self) -> str | None:
         key = self.keys.current()
@@ -140,7 +155,7 @@ class LocalWrapper:
             return None
         try:
             return kek.decrypt(wrapped[:_NONCE], wrapped[_NONCE:], context)
-        except InvalidTag:
+        except _invalid_tag():
             return None
 
 
@@ -242,7 +257,7 @@ class DataKeys:
         import time
 
         self.store.put_key_rows([KeyRow(tenant, subject, key_id, kek_id, wrapped, time.time())])
-        aes = AESGCM(data_key)
+        aes = _aesgcm(data_key)
         self._by_id[(key_space, key_id)] = aes
         return key_id, aes
 
@@ -252,7 +267,7 @@ class DataKeys:
         raw = self.wrapper.unwrap(row.kek_id, row.wrapped, _context(key_space, row.key_id))
         if raw is None:
             return None
-        aes = AESGCM(raw)
+        aes = _aesgcm(raw)
         self._by_id[(key_space, row.key_id)] = aes
         return aes
 
@@ -265,7 +280,7 @@ class DataKeys:
             raise Unreadable(f"blob {digest[:12]} is too short to be encrypted data")
         try:
             return aes.decrypt(data[:_NONCE], data[_NONCE:], _aad(key_space, digest, key_id))
-        except InvalidTag:
+        except _invalid_tag():
             raise Unreadable(
                 f"blob {digest[:12]} does not decrypt under data key {key_id} (it was altered)"
             ) from None
