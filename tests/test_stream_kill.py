@@ -96,6 +96,7 @@ def test_killed_compactors_store_every_record_once(
     assert RUNS <= backlog < RUNS * EVENTS, backlog
     procs = {name: _compactor(source, sink, name) for name in ("a", "b")}
     kills = 0
+    busy: dict[str, int] = {}
     progress = PostgresStore(sink)
     try:
         for trial in range(TRIALS):
@@ -105,12 +106,15 @@ def test_killed_compactors_store_every_record_once(
             # batch.
             _wait_for_sink(progress, RUNS * EVENTS * (trial + 1) / (TRIALS + 5), seed)
             time.sleep(rng.uniform(0.0, 0.05))
+            if trial == TRIALS - 1:
+                # Read before the last kill, not after it: with frames the compactors
+                # drain the last fifth of the backlog in a few hundred milliseconds.
+                busy = stream_state(url)
             name = rng.choice(sorted(procs))
             procs[name].kill()  # SIGKILL
             procs[name].join()
             kills += 1
             procs[name] = _compactor(source, sink, name)
-        busy = stream_state(url)
         for proc in procs.values():
             proc.kill()
             proc.join()
@@ -127,7 +131,7 @@ def test_killed_compactors_store_every_record_once(
                 proc.kill()
                 proc.join()
     assert kills == TRIALS
-    assert busy["depth"] > 0, f"the backlog ran out before the last kill (seed {seed})"
+    assert busy.get("depth", 0) > 0, f"the backlog ran out before the last kill (seed {seed})"
     assert state["depth"] == 0, state
     check = PostgresStore(sink)
     try:
