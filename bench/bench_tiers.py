@@ -324,18 +324,19 @@ def _demo_dictionary(sec: Section, cfg: Config, tmp: Path) -> None:
     )
 
 
-def _archive(sec: Section, cfg: Config, tmp: Path) -> None:
-    runs, per = cfg.pick(100, 20), 1_000
-    body = orjson.dumps(payload_1kb(), option=orjson.OPT_SORT_KEYS).decode()[:400]
-    path = tmp / "arch.db"
-    store = SQLiteStore(path)
+def _archive_once(
+    tmp: Path, runs: int, per: int, body: str, n: int
+) -> tuple[Any, float, float, float, int]:
+    """One archive of ``runs`` runs of ``per`` events from a fresh store: the report, its
+    wall and CPU seconds, and the seconds and count of dropping the hot payloads after."""
+    from replayable.events.model import RunEnd
+
+    store = SQLiteStore(tmp / f"arch{n}.db")
     try:
         for r in range(runs):
             rid = _run_id(1000 + r)
             events = _events(rid, [(body, '{"ok":true}')] * per)
             store.append([_start(rid)], events)
-            from replayable.events.model import RunEnd
-
             store.append(
                 [],
                 [],
@@ -351,36 +352,46 @@ def _archive(sec: Section, cfg: Config, tmp: Path) -> None:
                     )
                 ],
             )
-        # Steady state: pyarrow and fsspec's local filesystem loaded by a first small job.
-        warm = SQLiteStore(tmp / "warm.db")
-        try:
-            wid = _run_id(999)
-            warm.append([_start(wid)], _events(wid, [(body, "1")]), [_end(wid, 1)])
-            archive(warm, str(tmp / "warm"), older_than=0.0)
-        finally:
-            warm.close()
-
+        gc.collect()
         t0, c0 = time.perf_counter(), time.process_time()
-        rep = archive(store, str(tmp / "parquet"), older_than=0.0, drop=False)
+        rep = archive(store, str(tmp / f"parquet{n}"), older_than=0.0, drop=False)
         write_s, write_cpu = time.perf_counter() - t0, time.process_time() - c0
         t1 = time.perf_counter()
         dropped = store.drop_archived_payloads(sorted(store.archived_ids()))
         drop_s = time.perf_counter() - t1
     finally:
         store.close()
-    rate = rep.events / write_s
+    return rep, write_s, write_cpu, drop_s, dropped
+
+
+def _archive(sec: Section, cfg: Config, tmp: Path) -> None:
+    runs, per = cfg.pick(100, 20), 1_000
+    body = orjson.dumps(payload_1kb(), option=orjson.OPT_SORT_KEYS).decode()[:400]
+    # Steady state: pyarrow and fsspec's local filesystem loaded by a first small job.
+    warm = SQLiteStore(tmp / "warm.db")
+    try:
+        wid = _run_id(999)
+        warm.append([_start(wid)], _events(wid, [(body, "1")]), [_end(wid, 1)])
+        archive(warm, str(tmp / "warm"), older_than=0.0)
+    finally:
+        warm.close()
+    # One archive takes about a second: a median of several, each from its own store (an
+    # archived run is not archived again), so that one slow moment does not make the figure.
+    tries = [_archive_once(tmp, runs, per, body, n) for n in range(cfg.pick(5, 1))]
+    rates = sorted(t[0].events / t[1] for t in tries)
+    rate = statistics.median(rates)
+    rep, write_s, write_cpu, drop_s, dropped = sorted(tries, key=lambda t: t[1])[len(tries) // 2]
     sec.row(
         "archive to local Parquet",
         f"{rate:,.0f} ev/s",
-        f"{rep.events:,} events, {rep.parts} part(s) in {write_s:.2f}s "
-        f"({rep.events / write_cpu:,.0f} ev per CPU-second); dropping "
-        f"{dropped:,} hot payloads {drop_s:.2f}s more ({rep.events / (write_s + drop_s):,.0f} "
-        "ev/s with it)",
+        f"median of {len(tries)} ({rates[0]:,.0f}-{rates[-1]:,.0f}); {rep.events:,} events, "
+        f"{rep.parts} part(s) in {write_s:.2f}s ({rep.events / write_cpu:,.0f} ev per "
+        f"CPU-second); dropping {dropped:,} hot payloads {drop_s:.2f}s more "
+        f"({rep.events / (write_s + drop_s):,.0f} ev/s with it)",
     )
     sec.targets.append(Target("archive to local Parquet", rate, 100_000, "events/s", op=">="))
 
 
-@replayable.tool(name="bench.fetch")
 def _fetch(i: int) -> dict[str, Any]:
     return {"i": i, "rows": [1, 2, 3]}
 
