@@ -395,6 +395,10 @@ def test_a_failing_forwarder_hands_its_records_to_the_in_process_writer(
     store = replayable.open_store(f"sqlite:///{tmp_path}/b.db")
     try:
         with replayable.recording(store) as rec:
+            # Once it is up, a run is the writer process's to store (a run ending
+            # before would be stored in-process, not sent).
+            assert isinstance(rec.writer, ProcessWriter)
+            assert rec.writer._channel.ready.wait(30)
             agents.research("bug")
         writer = writer_for(store)
         assert isinstance(writer, ProcessWriter)
@@ -454,6 +458,8 @@ def test_the_writer_process_runs_at_lower_priority(tmp_path: Path, nice: int) ->
         store = replayable.open_store("sqlite:///{tmp_path}/n.db")
         with replayable.recording(store):
             pass
+        # A recording that stored nothing through it does not wait for it to start.
+        assert channel.current_channel().ready.wait(60)
         child = channel.current_channel().proc.pid
         print(os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, child))
         store.close()
@@ -564,14 +570,19 @@ def test_a_niced_writer_runs_at_the_agents_priority_while_the_agent_waits(
     assert seen == [10, 0, 0, 10]
 
 
+@pytest.mark.parametrize("ends_before_up", [False, True])
 @pytest.mark.parametrize("keyed", [False, True])
 def test_a_run_started_before_the_writer_process_is_up_is_stored_at_once(
-    process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keyed: bool
+    process_writer: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    keyed: bool,
+    ends_before_up: bool,
 ) -> None:
     """While the writer process has not said it is up, a run's start is stored from the
     agent's process before the first boundary returns; the writer process builds the
-    events and the end on it: one start row, a chain (keyed, anchored) that verifies,
-    and a replay that matches."""
+    events and the end on it, or, if the run ends before it is up, this process does:
+    one start row, a chain (keyed, anchored) that verifies, and a replay that matches."""
     import base64
 
     from replayable.capture.writer.channel import current_channel
@@ -594,18 +605,27 @@ def test_a_run_started_before_the_writer_process_is_up_is_stored_at_once(
         assert st is not None
         assert st.run is not None
         seen.append(st.run.run_id in {r.run_id for r in store.list_runs()})
+        if not ends_before_up:
+            channel.ready.set()  # up now (or as if): the run's end goes to it
         return total + sum(early_step(i) for i in range(1, n))
 
     try:
         with replayable.recording(store) as rec:
             channel = current_channel()
+            writer = rec.writer
+            assert isinstance(writer, ProcessWriter)
             ready = channel.ready.is_set()
             channel.ready.clear()  # as if the writer process were still starting
+            handed = writer._child_runs
             try:
                 out = early_agent(5)
             finally:
                 if ready:
                     channel.ready.set()
+            # Either it stored the run here or the writer process did, never both; here
+            # only if none of its records had gone down the pipe (the forwarder's round
+            # may come between the run's start and its end).
+            assert writer._child_runs - handed in ((0, 1) if ends_before_up else (1,))
         assert seen == [True], "the run was not stored when its first boundary returned"
         run_id = rec.run_ids[0]
         run = store.get_run(run_id)
@@ -617,5 +637,210 @@ def test_a_run_started_before_the_writer_process_is_up_is_stored_at_once(
             assert run.start.chain is not None
             assert ":k1:" in run.start.chain
         assert replayable.replay(run_id, store=store, fn=early_agent).output == out
+    finally:
+        store.close()
+
+
+@replayable.tool
+def odd_tool(payload: dict[str, object]) -> dict[str, object]:
+    return {"echo": payload, "keys": sorted(payload), "size": len(str(payload))}
+
+
+@replayable.tool
+def odd_fails(n: int) -> int:
+    raise KeyError(f"no such item: {n} \u2603")
+
+
+@replayable.workflow("odd_child")
+def odd_child(q: str) -> str:
+    return str(odd_tool({"q": q})["size"])
+
+
+@replayable.workflow("odd_agent")
+def odd_agent(n: int) -> list[object]:
+    out: list[object] = []
+    with replayable.span("odd", n=n):
+        out.append(odd_tool({"z": 1, "a": [1.5, None, True], "\u00e9t\u00e9": "\U0001f600" * 3}))
+        out.append(odd_tool({"big": "x" * 200_000, "nested": {"b": {"c": [{}]}}}))
+        try:
+            odd_fails(n)
+        except KeyError as exc:
+            out.append(str(exc))
+        out.append(odd_child("sub"))
+    if n < 0:
+        raise RuntimeError("the agent failed \u2603")
+    return out
+
+
+def _stored(store: replayable.EventStore, run_ids: list[str]) -> list[object]:
+    """What was stored for runs (their children too), without what differs by nature
+    between two recordings (ids, times, hashes)."""
+    ids: dict[str, str] = {}
+
+    def named(text: object) -> object:
+        if not isinstance(text, str):
+            return text
+        for run_id, name in ids.items():
+            text = text.replace(run_id, name)
+        return text
+
+    found: list[object] = []
+    todo = list(run_ids)
+    while todo:
+        run = store.get_run(todo.pop(0))
+        ids.setdefault(run.run_id, f"run{len(ids)}")
+        children = [r.run_id for r in store.list_runs() if r.parent_run_id == run.run_id]
+        todo += sorted(children, key=lambda c: store.get_run(c).start.parent_seq or 0)
+        for c in children:
+            ids.setdefault(c, f"run{len(ids)}")
+        found.append(
+            (
+                named(run.run_id),
+                run.workflow,
+                run.status,
+                run.start.input,
+                run.end.output if run.end else None,
+                named(run.end.error) if run.end else None,
+                run.end.event_count if run.end else None,
+            )
+        )
+        for e in store.events(run.run_id):
+            found.append(
+                (
+                    e.seq,
+                    e.kind,
+                    e.name,
+                    e.key,
+                    e.parent,
+                    e.call_site,
+                    named(e.request),
+                    e.fingerprint if e.kind != "subrun" else None,
+                    named(e.response),
+                    e.encoding,
+                    named(e.error),
+                    e.side_effect,
+                    e.chain_index,
+                    e.problems,
+                )
+            )
+        assert replayable.verify_run(store, run.run_id).ok
+    return found
+
+
+@pytest.mark.parametrize("n", [3, -1])
+def test_a_run_stored_before_the_writer_process_is_up_matches_one_it_stores(
+    process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int
+) -> None:
+    """A run that ends before the writer process is up is stored by the agent's process
+    (its start, events and end); the same run stored by the writer process, or by the
+    in-process writer, holds the same records: odd payloads, an error, a child run, a
+    failed run."""
+    from replayable.capture.writer import channel as channel_module
+    from replayable.capture.writer.channel import current_channel
+
+    channel = current_channel()
+    was_ready = channel.ready.wait(30)
+    # No forwarding round between a run's start and its end: only an end, a flush or a
+    # full buffer sends records, so the run is taken back whole.
+    monkeypatch.setattr(channel_module, "INTERVAL", 3600.0)
+    time.sleep(2 * 0.05)  # a round already waiting at the old interval ends
+
+    def record(name: str, how: str) -> list[object]:
+        store = replayable.open_store(f"sqlite:///{tmp_path}/{name}.db")
+        try:
+            if how == "thread":
+                replayable.configure(writer="thread")
+            try:
+                rec = replayable.recording(store)
+            finally:
+                replayable.configure(writer="process")
+            with rec:
+                writer = rec.writer
+                if how == "early":
+                    time.sleep(0.1)  # its settings have gone down the pipe
+                    channel.ready.clear()  # as if the writer process were still starting
+                try:
+                    handed = getattr(writer, "_child_runs", 0)
+                    try:
+                        odd_agent(n)
+                    except RuntimeError:
+                        assert n < 0
+                    if how == "early":
+                        assert writer._child_runs == handed, "the run went down the pipe"
+                    elif how == "up":
+                        assert writer._child_runs == handed + 2  # the run and its child
+                finally:
+                    if was_ready:
+                        channel.ready.set()
+            assert isinstance(writer, ProcessWriter) == (how != "thread")
+            return _stored(store, rec.run_ids)
+        finally:
+            store.close()
+
+    up = record("up", "up")
+    assert len(up) == 2 + 5 + 1  # two runs; a span, three tools, a child run; its tool
+    assert record("early", "early") == up
+    assert record("thread", "thread") == up
+
+
+@pytest.mark.parametrize("handed", [0, 1])
+def test_a_writer_process_given_no_run_is_not_waited_for_at_exit(handed: int) -> None:
+    """At exit, a writer process still starting that was given no run to store (each
+    was stored here) is stopped, not waited for; one that was given a run is waited for
+    until it has committed it and ended by itself."""
+    from replayable.capture.writer.channel import Channel
+
+    channel = Channel()
+    try:
+        channel.runs = handed
+        channel.shutdown(timeout=60)
+        assert channel.proc.returncode == (-signal.SIGKILL if not handed else 0)
+    finally:
+        if channel.proc.poll() is None:
+            channel.proc.kill()
+            channel.proc.wait()
+
+
+def test_a_script_whose_run_ends_at_once_stores_it_once_and_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    """A script recording one short run exits with the run stored, complete, once, and
+    its writer process ended, whether the run ended before it was up or not."""
+    db = tmp_path / "short.db"
+    script = textwrap.dedent(f"""
+        import os, sys
+        os.environ["REPLAYABLE_WRITER"] = "process"
+        import replayable
+        from replayable.capture.writer import channel
+
+        @replayable.tool
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        @replayable.workflow("short")
+        def short() -> int:
+            return add(1, 2)
+
+        for _ in range(2):
+            with replayable.recording("sqlite:///{db}"):
+                short()
+        print(channel.current_channel().proc.pid, flush=True)
+    """)
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == ""
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(done.stdout), 0)  # ended and collected
+    store = replayable.open_store(f"sqlite:///{db}")
+    try:
+        runs = store.list_runs()
+        assert len(runs) == 6
+        assert {r.status for r in runs} == {"completed"}
+        for run in runs:
+            assert [e.name for e in store.events(run.run_id)] == ["add"]
+            assert replayable.verify_run(store, run.run_id).ok
     finally:
         store.close()

@@ -66,6 +66,8 @@ class Channel:
         self.ready = threading.Event()
         self.dead: BaseException | None = None
         self.closing = False
+        #: Runs handed to the writer process by every store (see ``count_run``).
+        self.runs = 0
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         from replayable.capture.writer.options import options
 
@@ -92,6 +94,13 @@ class Channel:
             sid = next(self._sids)
             self.writers[sid] = writer
         return sid
+
+    def count_run(self, writer: ProcessWriter, n: int) -> None:
+        """A run handed to the writer process (``1``), or taken back before any of its
+        records was sent (``-1``)."""
+        with self.lock:
+            writer._child_runs += n
+            self.runs += n
 
     def ticket(self) -> tuple[int, Reply]:
         waiter = Reply()
@@ -124,12 +133,16 @@ class Channel:
             finished: list[int] = []
             for sid, writer in list(self.writers.items()):
                 buf = writer._buf
-                n = len(buf)
-                if n:
+                n = 0
+                if buf:
                     # Slice, then delete: hot paths append concurrently, and both
-                    # operations are atomic, so no record can fall between them.
-                    records = buf[:n]
-                    del buf[:n]
+                    # operations are atomic, so no record can fall between them. Under
+                    # the lock a run ending before the child is up is taken back under.
+                    with writer._drain_lock:
+                        n = len(buf)
+                        records = buf[:n]
+                        del buf[:n]
+                if n:
                     # A msgpack array is its header followed by its items, already
                     # encoded: the store's number, then its records.
                     payload = (
@@ -238,6 +251,13 @@ class Channel:
         self.closing = True
         self.wake.set()
         self._forwarder.join(timeout=timeout)
+        with self.lock:
+            idle = self.runs == 0 and not self.ready.is_set()
+        if idle:
+            # Still starting, and given no run to store (each was stored here, see
+            # ``ProcessWriter.end``): it holds nothing to commit, so it need not be
+            # waited for (a short script would wait for its interpreter to start).
+            self.proc.kill()
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

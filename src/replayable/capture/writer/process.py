@@ -96,6 +96,9 @@ class ProcessWriter:
         self._closed = False
         self._fallback: Writer | None = None
         self._drain_lock = threading.Lock()
+        #: Runs whose start went to the writer process (not taken back, see ``end``):
+        #: while there are none, it holds nothing this store waits for.
+        self._child_runs = 0
         self._pid = os.getpid()
         # Chain keys and the anchor as this process sees them: the writer process is
         # shared by stores opened at different times, so it takes them from here.
@@ -167,30 +170,95 @@ class ProcessWriter:
         if data is None:
             data = _ENCODER.encode(("s", start))
         self._open_runs[start.run_id] = data
+        self._channel.count_run(self, 1)
         self._append(data)
 
     def _start_here(self, start: RunStart, keep: bool = False) -> RunStart | None:
         """Store a run's start from this process (with the blobs it names); unless
         ``keep``, hand it back as linked (``None`` if it was refused) for the writer
         process to build the run on."""
+        lane = self._lane_with_blobs()
+        lane.start(start, True)
+        return None if keep else lane.take_start(start.run_id)
+
+    def _lane_with_blobs(self) -> Writer:
+        """The in-process writer, given every blob it has not written yet (the runs it
+        writes may name them)."""
         lane = self._durable()
         for digest, data in list(self._blobs.items()):
             if digest not in self._lane_blobs:
                 self._lane_blobs.add(digest)
                 _, (name, raw) = decode(data)
                 lane.blob(name, raw)
-        lane.start(start, True)
-        return None if keep else lane.take_start(start.run_id)
+        return lane
 
     def end(self, end: tuple[str, str, bytes | None, bytes | None, float], durable: bool) -> None:
         if durable:
             self._durable().end(end, True)
             return
-        self._open_runs.pop(end[0], None)
+        start = self._open_runs.pop(end[0], None)
         if not self._open_runs and len(self._blobs) > 64:
             self._blobs.clear()
+        if start is not None and not self._channel.ready.is_set() and self._take_back(end, start):
+            return
         self._append(_ENCODER.encode(("x", end)))
         self._channel.wake.set()
+
+    def _take_back(
+        self, end: tuple[str, str, bytes | None, bytes | None, float], start: bytes
+    ) -> bool:
+        """Store a run that ends before the writer process is up from this process, if
+        none of its records has gone down the pipe yet; ``False`` if one has (the writer
+        process stores the run, as usual).
+
+        Such a run's start is stored here already (see ``start``): its events and end
+        follow it, committed before this returns, so that a short script's exit need not
+        wait for the writer process to start. Every record goes one way or the other,
+        never both: the records are taken out of the buffer under the lock the forwarder
+        takes them under, and only if the run's start is still among them (the buffer
+        is in order, so then none of the run's records has been sent).
+        """
+        if decode(start)[0] != "S":
+            return False  # its start is not stored here: the writer process writes it
+        run_id = end[0]
+        with self._drain_lock:
+            buf = self._buf
+            n = len(buf)
+            records = buf[:n]
+            if self._fallback is not None or not any(r is start for r in records):
+                return False
+            # Slice, then delete, then put back the other runs' records at the front: the
+            # hot path appends concurrently at the end; the forwarder waits for the lock.
+            del buf[:n]
+            mine: list[tuple[str, Any]] = []
+            others: list[bytes] = []
+            after = False
+            for data in records:
+                if data is start:
+                    after = True
+                    mine.append(decode(data))
+                    continue
+                if after:
+                    kind, item = decode(data)
+                    if kind == "e" and item[0] == run_id:
+                        mine.append((kind, item))
+                        continue
+                others.append(data)
+            buf[0:0] = others
+            self._channel.count_run(self, -1)
+            # Committed before the lock is let go: a record of the run handed off after
+            # this (from a thread the run left behind) reaches the writer process after
+            # the run is in the store, as it would after the run's end otherwise.
+            lane = self._lane_with_blobs()
+            for kind, item in mine:
+                apply(lane, kind, item)
+            try:
+                lane.end(end, True)
+            except StoreError as exc:
+                # The in-process writer keeps them (stored or spooled once it can); the
+                # recording's flush waits for them and reports it.
+                self.last_error = exc
+        return True
 
     def blob(self, digest: str, data: bytes) -> None:
         encoded = _ENCODER.encode(("b", (digest, data)))
@@ -270,7 +338,8 @@ class ProcessWriter:
         if self._fallback is not None:
             self._fallback.flush(bound)
             return
-        self._send_and_wait(None, bound)
+        if self._child_runs:
+            self._send_and_wait(None, bound)
 
     # -- the writer process ended -------------------------------------------------------
 
@@ -397,7 +466,11 @@ class ProcessWriter:
             return  # closed already, or a forked child's copy: the parent owns it
         try:
             if self._fallback is None:
-                self._send_and_wait(_ENCODER.encode(("c", None)), self.durable_timeout)
+                closing = _ENCODER.encode(("c", None))
+                if self._child_runs:
+                    self._send_and_wait(closing, self.durable_timeout)
+                else:  # it holds nothing of this store's to wait for
+                    self._append(closing)
         finally:
             self._closed = True
             self._closing = True
