@@ -9,6 +9,7 @@ from replayable.audit.access import log_reads
 from replayable.audit.actor import Actor
 from replayable.errors import AccessDeniedError, ConfigurationError
 from replayable.store.base import EventStore
+from replayable.store.payloads import epoch_subject, erasure_times, space
 
 __all__ = ["Erasure", "erase"]
 
@@ -51,15 +52,17 @@ def erase(
         )
     at = time.time()
     key_tenant = tenant or ""
-    ids = store.erase_keys(key_tenant, subject, who.login, at)
-    keys = store.__dict__.get("data_keys")
-    if keys is not None:
-        keys.forget()
-    store.tier.forget_texts()
-    cold = store.__dict__.get("cold")
-    if cold is not None:
-        # Archived runs read before are cached whole, payloads decrypted: not any more.
-        cold.forget()
+    if subject is None:
+        ids = store.erase_keys(key_tenant, None, who.login, at)
+    else:
+        # The subject's key space, and each epoch of it that an earlier erasure began
+        # (see :func:`replayable.store.payloads.epoch_space`), at one time.
+        base = space(key_tenant, subject)
+        epochs = len(erasure_times(store.erasures(key_tenant), base))
+        ids = []
+        for n in range(epochs + 1):
+            ids += store.erase_keys(key_tenant, epoch_subject(subject, n), who.login, at)
+    store.forget_payloads()
     what = "subject " + subject if subject is not None else "tenant"
     log_reads(
         store,

@@ -149,6 +149,10 @@ def tag_value(value: Any) -> str | None:
     return str(value)
 
 
+#: What :meth:`EventStore.notice_erasures` has seen before its first look.
+_UNSEEN: Any = object()
+
+
 class EventStore(AuditStore, ABC):
     """Append-only storage for runs, events and blobs, and the audit records beside them."""
 
@@ -250,6 +254,33 @@ class EventStore(AuditStore, ABC):
     @abstractmethod
     def erasures(self, tenant: str) -> list[ErasureRow]:
         """The erasures recorded for ``tenant``, oldest first."""
+
+    def erasure_mark(self) -> object:
+        """A value that changes whenever an erasure is recorded, by any process. A store
+        that only its own process reaches keeps the default (its ``erase`` forgets)."""
+        return None
+
+    def forget_payloads(self) -> None:
+        """Drop the payloads, data keys and archived runs this object holds in memory:
+        after an erasure, nothing it read before may be shown again."""
+        keys = self.__dict__.get("data_keys")
+        if keys is not None:
+            keys.forget()
+        self.tier.forget_texts()
+        cold = self.__dict__.get("cold")
+        if cold is not None:
+            cold.forget()
+
+    def notice_erasures(self) -> None:
+        """Before payloads are read: forget what this object holds in memory if an
+        erasure was recorded since it last looked (``replayable erase`` runs in another
+        process than a web server or a writer that read the payloads before)."""
+        mark = self.erasure_mark()
+        seen = self.__dict__.get("_erasure_mark", _UNSEEN)
+        if mark != seen:
+            if seen is not _UNSEEN:
+                self.forget_payloads()
+            self.__dict__["_erasure_mark"] = mark
 
     # -- the archive index (see :mod:`replayable.store.cold`) -------------------------
     # Stores that cannot be archived keep these defaults.

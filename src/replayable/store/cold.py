@@ -280,6 +280,9 @@ class ColdReader:
         if where.purged is not None:
             hot = self.store.hot_events(where.run_id)
             return purged_events(hot, self.store.purged_digests(where.run_id), where.purged)
+        fresh = self.store.tier.fresh
+        if fresh is not None:
+            fresh()  # runs read before an erasure are held decrypted: not any more
         with self._lock:
             found = self._runs.get(where.run_id)
             if found is not None:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 from replayable.errors import ConfigurationError
 from replayable.events.chain import KeyProvider
 from replayable.store.keys import FileKeyring, StaticKeys, parse_key
-from replayable.store.payloads import Erased, Unreadable, space, split_space
+from replayable.store.payloads import Erased, Unreadable, closed_by, space, split_space
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -83,6 +83,10 @@ ENV_DATA_KEY = "REPLAYABLE_DATA_KEY"
 ENV_DATA_KEYRING = "REPLAYABLE_DATA_KEYRING"
 ENV_DATA_PROVIDER = "REPLAYABLE_DATA_KEY_PROVIDER"
 _NONCE = 12
+#: The key id of a payload that reached its key space after the space was erased: it
+#: is stored without its bytes, and reads as erased (see
+#: :func:`~replayable.store.payloads.closed_by`).
+ERASED_KEY = "erased"
 
 
 class KeyRow(NamedTuple):
@@ -221,7 +225,7 @@ class DataKeys:
     def __init__(self, store: EventStore, wrapper: KeyWrapper | None) -> None:
         self.store = store
         self.wrapper = wrapper
-        self._current: dict[str, tuple[str, AESGCM]] = {}
+        self._current: dict[str, tuple[str, AESGCM | None]] = {}
         self._by_id: dict[tuple[str, str], AESGCM] = {}
         self._lock = threading.Lock()
 
@@ -235,15 +239,22 @@ class DataKeys:
                 found = self._current.get(key_space) or self._make(key_space)
                 self._current[key_space] = found
         key_id, aes = found
+        if aes is None:
+            return key_id, b""  # an erased epoch: the payload is stored erased
         nonce = secrets.token_bytes(_NONCE)
         return key_id, nonce + aes.encrypt(nonce, packed, _aad(key_space, digest, key_id))
 
-    def _make(self, key_space: str) -> tuple[str, AESGCM]:
+    def _make(self, key_space: str) -> tuple[str, AESGCM | None]:
         assert self.wrapper is not None
         kek_id = self.wrapper.current_kek()
         if kek_id is None:
             raise ConfigurationError("no current key-encryption key to wrap a data key with")
         tenant, subject = split_space(key_space)
+        if closed_by(self.store.erasures(tenant), key_space) is not None:
+            # Its keys were destroyed: what still arrives for it (a record from a stream
+            # or a spool, a run in progress at the erasure) is erased as it lands, never
+            # encrypted under a key that would make it readable again.
+            return ERASED_KEY, None
         # The newest data key of the key space that the configured KEKs open.
         for row in sorted(
             self.store.key_rows(tenant, subject), key=lambda r: r.created_at, reverse=True
@@ -287,6 +298,11 @@ class DataKeys:
 
     def _find(self, key_space: str, key_id: str) -> AESGCM:
         tenant, subject = split_space(key_space)
+        if key_id == ERASED_KEY:
+            erasure = closed_by(self.store.erasures(tenant), key_space)
+            if erasure is None:
+                raise Unreadable(f"data key {key_id} names an erasure that is not recorded")
+            raise Erased(erasure.notice())
         rows = [r for r in self.store.key_rows(tenant, subject) if r.key_id == key_id]
         for row in rows:
             aes = self._unwrap(key_space, row)
@@ -374,6 +390,9 @@ def enable_encryption(
     tier = store.tier
     tier.open = keys.open
     tier.seal = keys.seal if wrapper is not None and wrapper.current_kek() else None
+    if wrapper is not None:
+        # Only what a key opened can be held decrypted, and then forgotten at an erasure.
+        tier.fresh = store.notice_erasures
     store.__dict__["data_keys"] = keys
     return keys
 

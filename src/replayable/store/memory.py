@@ -194,9 +194,9 @@ class MemoryStore(MemoryAudit, EventStore):
     def _tenant(self, run_id: str, starts: Sequence[RunStart]) -> str:
         for s in starts:
             if s.run_id == run_id:
-                return run_space(s)
+                return run_space(s, self.erasures(s.tenant or ""))
         found = self._starts.get(run_id)
-        return run_space(found) if found is not None else ""
+        return run_space(found, self.erasures(found.tenant or "")) if found is not None else ""
 
     def tier_nodes(self, tenant: str, digests: Sequence[str]) -> list[NodeRow]:
         return [n for d in digests if (n := self._tier_nodes.get((tenant, d))) is not None]

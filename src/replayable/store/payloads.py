@@ -143,12 +143,73 @@ def subject_text(value: Any) -> str | None:
     return str(value) or None
 
 
-def run_space(start: Any) -> str:
-    """The key space of a run's payloads, from its start record."""
-    return space(start.tenant, subject_text(start.metadata.get(SUBJECT_KEY)))
+def run_space(start: Any, erasures: Iterable[Any] = ()) -> str:
+    """The key space of a run's payloads, from its start record, in the epoch of its
+    key space the run started in (see :func:`epoch_space`)."""
+    base = space(start.tenant, subject_text(start.metadata.get(SUBJECT_KEY)))
+    return epoch_space(base, start.started_at, erasures)
+
+
+def erasure_times(erasures: Iterable[Any], key_space: str) -> list[float]:
+    """When each erasure that ended an epoch of ``key_space`` (a base space, or any of its
+    epochs) happened, oldest first: erasures of its tenant as a whole, of its subject, or
+    of one of its epochs. One ``erase`` names the subject and each epoch of it at one
+    time, so it counts once."""
+    tenant, subject = split_space(key_space)
+    subject = subject.partition(_EPOCH)[0]
+    inner = subject + _EPOCH
+    return sorted(
+        {
+            e.erased_at
+            for e in erasures
+            if e.tenant == tenant
+            and (e.subject is None or e.subject == subject or e.subject.startswith(inner))
+        }
+    )
+
+
+def epoch_space(base: str, started_at: float, erasures: Iterable[Any]) -> str:
+    """The key space of a run that started at ``started_at`` in base space ``base``.
+
+    An erasure destroys a key space's data keys for good, and its blobs stay stored
+    as ciphertext no key opens. A run recorded after it must not share those blobs
+    (a message or a literal it has in common with an erased run would read as erased),
+    so each erasure starts a new epoch of the space, with blobs and keys of its own:
+    ``<subject>\\x1e<n>`` after the ``n``-th. Erasures are ordered by their time, the
+    run by its start: a run in progress when its space is erased stays in the erased
+    epoch (see :func:`closed_by`)."""
+    epoch = sum(1 for at in erasure_times(erasures, base) if at <= started_at)
+    if not epoch:
+        return base
+    tenant, subject = split_space(base)
+    return tenant + _SUBJECT + epoch_subject(subject, epoch)
+
+
+def epoch_subject(subject: str, epoch: int) -> str:
+    """The subject column of epoch ``epoch`` of a data subject's key space ('' for a
+    tenant's own); epoch 0 is the subject itself."""
+    return f"{subject}{_EPOCH}{epoch}" if epoch else subject
+
+
+def closed_by(erasures: Iterable[Any], key_space: str) -> Any | None:
+    """The erasure that ended ``key_space``'s epoch, or ``None`` while it is current.
+    Nothing is encrypted under a new key in an ended epoch: payloads that reach the
+    store after their run's space was erased (from a stream, a spool, a run still in
+    progress) are stored erased too."""
+    rows = list(erasures)
+    times = erasure_times(rows, key_space)
+    _, subject = split_space(key_space)
+    _, _, number = subject.partition(_EPOCH)
+    epoch = int(number) if number.isdigit() else 0
+    if len(times) <= epoch:
+        return None
+    at = times[epoch]
+    return next(e for e in rows if e.erased_at == at)
 
 
 _SUBJECT: Final = "\x1f"
+#: Between a data subject and the epoch of its key space (see :func:`epoch_space`).
+_EPOCH: Final = "\x1e"
 #: The run metadata key naming a run's data subject (``recording(subject=...)``).
 SUBJECT_KEY: Final = "data_subject"
 
@@ -457,6 +518,9 @@ class PayloadTier:
     threshold: int = DEFAULT_THRESHOLD
     seal: Sealer | None = None
     open: Opener | None = None
+    #: Called before references are resolved: the store forgets what it holds of
+    #: payloads erased since it last looked (see ``EventStore.notice_erasures``).
+    fresh: Callable[[], None] | None = None
     #: Blob and node keys known to be stored: their text is not compressed or sent again.
     _known: _Seen = field(default_factory=lambda: _Seen(200_000))
     _nodes: _LRU = field(default_factory=lambda: _LRU(200_000, 1 << 62))
@@ -939,6 +1003,8 @@ class PayloadTier:
                 wanted.setdefault(tenant_of(run.run_id), set()).update(held)
         if not wanted:
             return list(runs)
+        if self.fresh is not None:
+            self.fresh()
         texts = {t: self.resolve(backend, t, refs) for t, refs in wanted.items()}
         out = []
         for run in runs:
@@ -1011,6 +1077,8 @@ class PayloadTier:
                 heads.add(err)
         if not by_tenant:
             return [e for e, _, _ in rows]
+        if self.fresh is not None:
+            self.fresh()
         texts = {t: self.resolve(backend, t, heads) for t, heads in by_tenant.items()}
         out = []
         for e, req, resp in rows:

@@ -46,9 +46,9 @@ from replayable.store.payloads import (
     NodeRow,
     PayloadTier,
     TierRows,
+    epoch_space,
     kept_runs,
     node_digest,
-    run_space,
     space,
     split_space,
     subject_text,
@@ -1339,27 +1339,42 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
     # -- the payload tier ----------------------------------------------------------
 
     def _tenants(self, run_ids: set[str], starts: Sequence[RunStart]) -> dict[str, str]:
-        """The tenant each run's payloads are kept under ('' for none)."""
-        found = {s.run_id: run_space(s) for s in starts}
+        """The key space each run's payloads are kept under ('' for none), in the epoch
+        of it the run started in (see :func:`~replayable.store.payloads.epoch_space`)."""
+        given = [(s.run_id, s.tenant, s.metadata.get(SUBJECT_KEY), s.started_at) for s in starts]
+        named = {s.run_id for s in starts}
+        found: dict[str, str] = {}
         cache = self._tenant_cache
         unknown = []
         for rid in run_ids:
-            if rid in found:
+            if rid in named:
                 continue
             t = cache.get(rid)
             if t is None:
                 unknown.append(rid)
             else:
                 found[rid] = t
+        stored: list[tuple[Any, ...]] = []
         for start in range(0, len(unknown), 500):
             chunk = unknown[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            for rid, tenant, subject in self._query(
-                f"SELECT run_id, tenant, json_extract(metadata, '$.{SUBJECT_KEY}') FROM runs "
-                f"WHERE run_id IN ({marks})",
+            stored += self._query(
+                f"SELECT run_id, tenant, json_extract(metadata, '$.{SUBJECT_KEY}'), started_at "
+                f"FROM runs WHERE run_id IN ({marks})",
                 chunk,
-            ):
-                found[rid] = cache[rid] = space(tenant, subject_text(subject))
+            )
+        if given or stored:
+            erasures = {t: self.erasures(t) for t in {r[1] or "" for r in (*given, *stored)}}
+            for rows, keep in ((given, False), (stored, True)):
+                for rid, tenant, subject, started_at in rows:
+                    key_space = epoch_space(
+                        space(tenant, subject_text(subject)),
+                        started_at if type(started_at) in (int, float) else 0.0,
+                        erasures[tenant or ""],
+                    )
+                    found[rid] = key_space
+                    if keep:
+                        cache[rid] = key_space
         for rid in run_ids:
             found.setdefault(rid, "")
         if len(cache) > 100_000:
@@ -1506,6 +1521,9 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             (tenant,),
         )
         return [ErasureRow(r[0], r[1], r[2], r[3], tuple(orjson.loads(r[4]))) for r in rows]
+
+    def erasure_mark(self) -> object:
+        return self._query("SELECT count(*) FROM erasures")[0][0]
 
     def iter_run_ids(self) -> Iterator[str]:
         rows = self._query("SELECT run_id FROM runs ORDER BY started_at, run_id")

@@ -44,6 +44,7 @@ from replayable.store.payloads import (
     NodeRow,
     PayloadTier,
     TierRows,
+    epoch_space,
     kept_runs,
     space,
     split_space,
@@ -641,30 +642,43 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
     # -- the payload tier ----------------------------------------------------------
 
     def _tier_tenants(self, run_ids: set[str], starts: Sequence[RunStart]) -> dict[str, str]:
-        """The tenant each run's payloads are kept under ('' for none)."""
-        found = {
-            s.run_id: space(self._access_tenant(s), subject_text(s.metadata.get(SUBJECT_KEY)))
+        """The key space each run's payloads are kept under ('' for none), in the epoch
+        of it the run started in (see :func:`~replayable.store.payloads.epoch_space`)."""
+        given = [
+            (s.run_id, self._access_tenant(s), s.metadata.get(SUBJECT_KEY), s.started_at)
             for s in starts
-        }
+        ]
+        found: dict[str, str] = {}
         cache = self._space_cache
         unknown = []
-        for rid in run_ids - found.keys():
+        for rid in run_ids - {s.run_id for s in starts}:
             known = cache.get(rid)
             if known is None:
                 unknown.append(rid)
             else:
                 found[rid] = known
         valid = [r for r in unknown if _is_uuid(r)]
+        stored: list[Any] = []
         if valid:
-            rows = self.query(
-                f"SELECT run_id::text, tenant, metadata->'{SUBJECT_KEY}' FROM runs "
+            stored = self.query(
+                f"SELECT run_id::text, tenant, metadata->'{SUBJECT_KEY}', started_at FROM runs "
                 "WHERE run_id = ANY(%s::uuid[])",
                 (valid,),
             )
+        if given or stored:
+            erasures = {t: self.erasures(t) for t in {r[1] or "" for r in (*given, *stored)}}
             if len(cache) > 100_000:
                 cache.clear()
-            for rid, tenant, subject in rows:
-                found[rid] = cache[rid] = space(tenant, subject_text(subject))
+            for rows, keep in ((given, False), (stored, True)):
+                for rid, tenant, subject, started_at in rows:
+                    key_space = epoch_space(
+                        space(tenant, subject_text(subject)),
+                        started_at if type(started_at) in (int, float) else 0.0,
+                        erasures[tenant or ""],
+                    )
+                    found[rid] = key_space
+                    if keep:
+                        cache[rid] = key_space
         for rid in run_ids:
             found.setdefault(rid, self.tenant or "")
         return found
@@ -774,6 +788,9 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
             (tenant,),
         )
         return [ErasureRow(r[0], r[1], r[2], r[3], tuple(r[4])) for r in rows]
+
+    def erasure_mark(self) -> object:
+        return self.query("SELECT count(*) FROM erasures")[0][0]
 
     # -- the archive index (see :mod:`replayable.store.cold`) ---------------------------
 
