@@ -223,15 +223,15 @@ def test_epochs_count_one_erasure_once_and_only_those_before_the_run() -> None:
     rows = [_row("s", 10.0), _row("s\x1e1", 20.0), _row("s", 20.0), _row("t", 15.0)]
     assert erasure_times(rows, base) == [10.0, 20.0]
     assert epoch_space(base, 5.0, rows) == base
-    assert epoch_space(base, 10.0, rows) == space("", "s\x1e1")
-    assert epoch_space(base, 25.0, rows) == space("", "s\x1e2")
+    assert epoch_space(base, 10.0, rows) == "\x1fs\x1e1"
+    assert epoch_space(base, 25.0, rows) == "\x1fs\x1e2"
     assert closed_by(rows, base) == rows[0]
-    assert closed_by(rows, space("", "s\x1e1")) in (rows[1], rows[2])
-    assert closed_by(rows, space("", "s\x1e2")) is None
+    assert closed_by(rows, "\x1fs\x1e1") in (rows[1], rows[2])
+    assert closed_by(rows, "\x1fs\x1e2") is None
     # A tenant-wide erasure counts for every subject, and for runs without one.
     tenant_wide = [_row(None, 30.0, "A")]
-    assert epoch_space(space("A", ""), 31.0, tenant_wide) == space("A", "\x1e1")
-    assert epoch_space(space("A", "s"), 31.0, tenant_wide) == space("A", "s\x1e1")
+    assert epoch_space(space("A", ""), 31.0, tenant_wide) == "A\x1f\x1e1"
+    assert epoch_space(space("A", "s"), 31.0, tenant_wide) == "A\x1fs\x1e1"
     assert epoch_space(space("B", "s"), 31.0, tenant_wide) == space("B", "s")
     # An erasure of another subject whose name starts alike does not count.
     assert erasure_times([_row("s2", 1.0)], base) == []
@@ -295,3 +295,21 @@ def test_a_postgres_reader_stops_showing_what_maintenance_erased(world: World) -
         with world.store(world.maint) as m:
             erase(m, tenant="A", subject="cust-1", actor=ROOT)
         _assert_erased(reader, rid)
+
+
+def test_a_subject_cannot_name_another_subjects_epoch(tmp_path: Path, kek: None) -> None:
+    """Key-space separators in a subject's own text do not reach the key space: subject
+    "cust-1\\x1e1" is not epoch 1 of "cust-1", and erasing it leaves "cust-1" alone."""
+    assert space("", "a\x1e1") != space("", "a") + "\x1e1"
+    assert len({space("", s) for s in ("a\x1e1", "a\x1f1", "\x1da", "a")}) == 4
+    with SQLiteStore(tmp_path / "runs.db") as store:
+        plain, _, plain_events = _record(store, 1, "cust-1")
+        odd, _, _ = _record(store, 2, "cust-1\x1e1")
+        erase(store, subject="cust-1\x1e1", actor=ROOT)
+        _assert_erased(store, odd)
+        _assert_whole(store, plain, plain_events)
+        later, _, later_events = _record(store, 3, "cust-1")
+        _assert_whole(store, later, later_events)
+        assert epoch_space(space("", "cust-1"), time.time(), store.erasures("")) == space(
+            "", "cust-1"
+        )

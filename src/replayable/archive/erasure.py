@@ -9,7 +9,7 @@ from replayable.audit.access import log_reads
 from replayable.audit.actor import Actor
 from replayable.errors import AccessDeniedError, ConfigurationError
 from replayable.store.base import EventStore
-from replayable.store.payloads import epoch_subject, erasure_times, space
+from replayable.store.payloads import epoch_subject, erasure_times, space, split_space
 
 __all__ = ["Erasure", "erase"]
 
@@ -58,10 +58,11 @@ def erase(
         # The subject's key space, and each epoch of it that an earlier erasure began
         # (see :func:`replayable.store.payloads.epoch_space`), at one time.
         base = space(key_tenant, subject)
+        stored = split_space(base)[1]  # the subject as key spaces spell it
         epochs = len(erasure_times(store.erasures(key_tenant), base))
         ids = []
         for n in range(epochs + 1):
-            ids += store.erase_keys(key_tenant, epoch_subject(subject, n), who.login, at)
+            ids += store.erase_keys(key_tenant, epoch_subject(stored, n), who.login, at)
     store.forget_payloads()
     what = "subject " + subject if subject is not None else "tenant"
     log_reads(

@@ -127,7 +127,13 @@ def space(tenant: str | None, subject: str | None) -> str:
     """The key space a run's payloads are stored in: its tenant ('' for none), and its
     data subject when the recording names one (each subject has blobs and keys of its
     own, so erasing one subject's payloads leaves everyone else's readable)."""
-    return (tenant or "") if not subject else f"{tenant or ''}{_SUBJECT}{subject}"
+    if not subject:
+        return tenant or ""
+    if _SUBJECT in subject or _EPOCH in subject or subject[0] == _ESCAPED:
+        # The separators of a key space never come from a subject's own text (one
+        # subject must not name another's epoch): such a subject goes by its hex.
+        subject = _ESCAPED + subject.encode("utf-8", "surrogatepass").hex()
+    return f"{tenant or ''}{_SUBJECT}{subject}"
 
 
 def split_space(text: str) -> tuple[str, str]:
@@ -210,6 +216,8 @@ def closed_by(erasures: Iterable[Any], key_space: str) -> Any | None:
 _SUBJECT: Final = "\x1f"
 #: Between a data subject and the epoch of its key space (see :func:`epoch_space`).
 _EPOCH: Final = "\x1e"
+#: Starts a subject written as hex, one whose text holds a separator (see :func:`space`).
+_ESCAPED: Final = "\x1d"
 #: The run metadata key naming a run's data subject (``recording(subject=...)``).
 SUBJECT_KEY: Final = "data_subject"
 
