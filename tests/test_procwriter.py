@@ -844,3 +844,33 @@ def test_a_script_whose_run_ends_at_once_stores_it_once_and_leaves_no_process(
             assert replayable.verify_run(store, run.run_id).ok
     finally:
         store.close()
+
+
+def test_the_writer_process_ends_as_the_interpreter_would(tmp_path: Path) -> None:
+    """The writer process's quick exit still waits for threads that are not daemons,
+    runs the exit handlers (a sink's, a logging handler's) and flushes its output."""
+    script = textwrap.dedent(f"""
+        import atexit, sys, threading, time
+        from pathlib import Path
+        from replayable.capture.writer import _child
+
+        out = Path({str(tmp_path)!r})
+
+        def late() -> None:
+            time.sleep(0.2)
+            (out / "thread").write_text("joined")
+
+        atexit.register(lambda: (out / "atexit").write_text("ran"))
+        threading.Thread(target=late).start()
+        sys.stdout.write("buffered, not yet written")
+        _child._exit(3)
+        (out / "after").write_text("never")
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "buffered, not yet written"
+    assert (tmp_path / "thread").read_text() == "joined"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert not (tmp_path / "after").exists()

@@ -21,6 +21,7 @@ writer spools until it answers.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import sys
@@ -292,5 +293,22 @@ def main() -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """End the process as the interpreter would, without taking its modules apart: every
+    store is closed and every record committed or spooled by now, and the agent waits
+    for this exit (its interpreter's clean-up took 10-25 ms)."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

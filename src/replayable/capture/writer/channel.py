@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -258,8 +259,13 @@ class Channel:
             # ``ProcessWriter.end``): it holds nothing to commit, so it need not be
             # waited for (a short script would wait for its interpreter to start).
             self.proc.kill()
+        # Its answers end as it exits (its end of the pipe closes): waiting for them
+        # wakes at once, where waiting for the process polls (from 0.5 ms, doubling up to
+        # 50 ms) and overshot an exit of 15 ms by as much again.
+        deadline = time.monotonic() + timeout
+        self._acks.join(timeout=timeout)
         try:
-            self.proc.wait(timeout=timeout)
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
