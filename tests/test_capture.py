@@ -350,12 +350,24 @@ def test_package_versions_read_as_importlib_reads_them(tmp_path: Path) -> None:
 
     for dist in importlib.metadata.distributions():
         assert environment._name_version(dist) == (dist.name, dist.version)
-    for text in (
-        "Metadata-Version: 2.1\nName: long\n  name\nVersion: 1.0\n\nbody",
-        "Metadata-Version: 2.1\nSummary: no name here\n",
-        "",
+    for i, text in enumerate(
+        (
+            "Metadata-Version: 2.1\nName: long\n  name\nVersion: 1.0\n\nbody",
+            "Metadata-Version: 2.1\nSummary: no name here\n",
+            "",
+            # Where the headers end, and what follows them, read as importlib reads them.
+            "Name: crlf\r\nVersion: 2.0\r\n\r\nName: body\r\nVersion: 9\r\n",
+            "Name: mixed\r\n\nVersion: 3.0\n",
+            "Name: last\nVersion: 4.0\n\n",
+            "Name: fold\nVersion: 5.0\n\tfolded\n\nVersion: 6\n",
+            "Metadata-Version: 2.1\n\nName: body-only\nVersion: 7\n",
+            "Name: ff\x0cVersion: 8.0\n\n",
+            "Name: ls\u2028x\nVersion: 8.1\n\nbody\x0c\n",
+            "Name: body-ff\nVersion: 8.2\n\nbody\x0c\n",
+            "Name: nl\nVersion: 9.0",
+        )
     ):
-        info = tmp_path / f"d{len(text)}.dist-info"
+        info = tmp_path / f"d{i}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(text)
         dist = importlib.metadata.PathDistribution(info)

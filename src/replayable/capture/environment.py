@@ -76,6 +76,11 @@ def git_commit(directory: Path) -> str | None:
     return commit if out.returncode == 0 and len(commit) == 40 else None
 
 
+#: What ``str.splitlines`` breaks lines at besides "\r" and "\n"; the e-mail parser
+#: that reads METADATA for ``importlib.metadata`` does not.
+_OTHER_BREAKS = ("\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
 def _name_version(dist: importlib.metadata.Distribution) -> tuple[str, str]:
     """The ``Name`` and ``Version`` of a distribution's metadata.
 
@@ -86,7 +91,15 @@ def _name_version(dist: importlib.metadata.Distribution) -> tuple[str, str]:
     """
     text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
     name = version = None
-    lines = text.splitlines()
+    # The headers only: the description after them is most of the text (2 MB for 190
+    # packages, whose lines took 10 ms to split). Cut after the first "\n\n", which
+    # ends an empty line at the latest there, so the lines up to the first empty one
+    # are those of the whole text.
+    end = text.find("\n\n")
+    head = text if end < 0 else text[: end + 2]
+    if any(c in head for c in _OTHER_BREAKS):
+        return dist.name, dist.version  # a line break the e-mail parser does not take
+    lines = head.splitlines()
     for i, line in enumerate(lines):
         if not line:
             break  # the end of the headers
