@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -523,3 +524,154 @@ def test_the_read_back_digests_do_not_depend_on_how_rows_are_cut() -> None:
     assert whole != digest(moved_null)
     assert whole != digest(table.set_column(1, "seq", pa.array([1, 2, None, 4, 5, 7])))
     assert whole != digest(table.slice(0, 5))
+
+
+def _fast_and_general(store: SQLiteStore, run_ids: list[str]):  # type: ignore[no-untyped-def]
+    """The events table of ``run_ids`` by the SQLite fast path and by the general one (the
+    store's ``stored_columns``), each with the tier references it found, or the type of
+    the error it raised; the fast path's ``None`` (it left the rows to the general one)."""
+    import pyarrow as pa
+
+    from replayable.archive import parquet, sqlite_table
+
+    schema = pa.schema([(n, parquet._EVENT_TYPES[n]) for n in parquet.EVENT_FIELDS])
+    spaces = store.run_spaces(run_ids)
+
+    def outcome(fn):  # type: ignore[no-untyped-def]
+        try:
+            return fn()
+        except Exception as exc:
+            return type(exc)
+
+    def fast():  # type: ignore[no-untyped-def]
+        return sqlite_table.event_table(store, sqlite_table.read_rows(store, run_ids), schema)
+
+    def general():  # type: ignore[no-untyped-def]
+        refs: dict[str, set[str]] = {}
+        columns = store.stored_columns(run_ids)
+        return parquet._event_table(pa, schema, columns, spaces, refs), refs
+
+    def through_batches():  # type: ignore[no-untyped-def]
+        refs: dict[str, set[str]] = {}
+        tables = list(parquet._event_tables(store, run_ids, schema, spaces, refs))
+        return pa.concat_tables(tables), refs
+
+    return outcome(fast), outcome(general), outcome(through_batches)
+
+
+#: Rows as no writer of this version stores them, each archived as the general path does
+#: (or refused with the same error): older text hashes, odd flags, call sites by text,
+#: missing or odd site ids, blobs and NULs in text, numbers of the wrong kind.
+ODD_ROWS = [
+    "UPDATE events SET hash = x'0102' WHERE seq = 2",
+    "UPDATE events SET prev_hash = 'ABCDEF', fingerprint = lower(hex(fingerprint)) WHERE seq = 1",
+    "UPDATE events SET hash = zeroblob(33) WHERE seq = 3",
+    "UPDATE events SET fingerprint = 7 WHERE seq = 3",
+    "UPDATE events SET side_effect = 2 WHERE seq = 1",
+    "UPDATE events SET side_effect = 0.5 WHERE seq = 2",
+    "UPDATE events SET side_effect = 1.0 WHERE seq = 2",
+    "UPDATE events SET side_effect = -0.0 WHERE seq = 2",
+    "UPDATE events SET side_effect = 'yes' WHERE seq = 2",
+    "UPDATE events SET call_site = 'old.py:1', site = NULL WHERE seq = 1",
+    "UPDATE events SET call_site = 'old.py:2' WHERE site IS NOT NULL",
+    "UPDATE events SET site = 9999 WHERE seq = 2",
+    "UPDATE events SET site = 'x' WHERE seq = 2",
+    "UPDATE events SET kind = x'6c6c6d' WHERE seq = 1",
+    "UPDATE events SET kind = x'ff' WHERE seq = 1",
+    "UPDATE events SET key = 'a' || char(0) || 'é', metadata = '' WHERE seq = 1",
+    "UPDATE events SET parent = 2.5 WHERE seq = 3",
+    "UPDATE events SET started_at = 'noon' WHERE seq = 3",
+    "UPDATE events SET schema_version = 2147483648 WHERE seq = 1",
+    "UPDATE events SET chain_index = 9223372036854775807, duration_ns = -1 WHERE seq = 1",
+    "UPDATE events SET request = CAST(x'ff' AS TEXT) WHERE seq = 2",
+    "UPDATE events SET request_ref = 'b:nowhere', error = 'plain' WHERE seq = 2",
+]
+
+
+@pytest.mark.parametrize("change", ["", *ODD_ROWS])
+def test_the_sqlite_fast_path_reads_what_the_general_path_reads(
+    tmp_path: Path, change: str
+) -> None:
+    """The archive reads an SQLite store's rows into Arrow in C; for every row, usual or
+    odd, that gives the table (and tier references) the store's stored_columns do, or
+    the same error. Usual rows never fall back."""
+    from tests.test_store_contract import make_events
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    rids = []
+    for n in (1, 2):
+        rid = new_id(n)
+        events = make_events(rid, 7)
+        store.append([make_start(rid)], events, [make_end(rid, events)])
+        rids.append(rid)
+    rids.append(_record(store, 3, events=4))  # payloads in the tier: references
+    store.close()
+    if change:
+        with sqlite3.connect(tmp_path / "runs.db") as db:
+            db.execute("DROP TRIGGER events_no_update")
+            db.execute(change)
+    store = SQLiteStore(tmp_path / "runs.db")
+    try:
+        fast, general, batches = _fast_and_general(store, sorted(rids))
+    finally:
+        store.close()
+    if isinstance(general, type):
+        assert batches is general
+        assert fast is None or fast is general
+        return
+    table, refs = general
+    assert refs, "the test's rows reference the tier"
+    assert batches[1] == refs
+    assert batches[0].equals(table)
+    if fast is not None:
+        assert fast.equals(table)
+    # Only what this path cannot give exactly as the general one sends it there.
+    falls_back = ("fingerprint = 7", "'yes'", "site = 'x'", "2147483648", "'noon'")
+    assert (fast is None) == any(odd in change for odd in falls_back)
+
+
+def test_an_archive_by_the_fast_path_holds_what_the_general_path_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same store archived with the SQLite fast path and without it (every batch by
+    stored_columns): the same events files, row for row, and the same blobs."""
+    from replayable.archive import parquet
+    from tests.test_store_contract import make_events
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    for n in range(1, 8):
+        rid = new_id(n)
+        events = make_events(rid, 5 + n)
+        store.append([make_start(rid)], events, [make_end(rid, events)])
+    for n in range(8, 11):
+        _record(store, n, events=n)
+    store.close()
+    db = sqlite3.connect(tmp_path / "runs.db")
+    db.execute("DROP TRIGGER events_no_update")
+    db.execute("UPDATE events SET hash = lower(hex(hash)), side_effect = 2 WHERE seq = 3")
+    db.commit()
+    db.close()  # the last connection: the WAL goes into the file copied next
+    shutil.copy(tmp_path / "runs.db", tmp_path / "general.db")
+    monkeypatch.setattr(parquet, "ROW_GROUP_ROWS", 10)
+    tables = {}
+    for name in ("runs", "general"):
+        if name == "general":
+            monkeypatch.setattr(parquet, "event_table", lambda *_: None)
+        store = SQLiteStore(tmp_path / f"{name}.db")
+        try:
+            archive(store, str(tmp_path / f"arch-{name}"), older_than=0.0)
+        finally:
+            store.close()
+        tables[name] = {
+            kind: pq.read_table(str(tmp_path / f"arch-{name}" / kind)).sort_by(
+                [("run_id", "ascending"), ("seq", "ascending")]
+                if kind == "events"
+                else [("kind", "ascending"), ("digest", "ascending")]
+            )
+            for kind in ("events", "blobs")
+        }
+    assert tables["runs"]["events"].num_rows == sum(range(6, 13)) + sum(range(8, 11))
+    assert tables["runs"]["blobs"].num_rows > 0
+    for kind in ("events", "blobs"):
+        assert tables["runs"][kind].equals(tables["general"][kind])
+    assert None in tables["runs"]["events"].column("side_effect").to_pylist()

@@ -33,10 +33,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Final
 
 import orjson
 
+from replayable.archive.sqlite_table import event_table, read_rows
 from replayable.audit.access import log_reads
 from replayable.audit.actor import Actor
 from replayable.errors import AccessDeniedError, ConfigurationError, StoreError
@@ -44,6 +46,7 @@ from replayable.events.model import Run
 from replayable.store.base import EventStore, RunFilter, tag_value
 from replayable.store.cold import EVENT_FIELDS, RUN_FIELDS, ArchivePart, filesystem, runs_url
 from replayable.store.payloads import BlobRow, NodeRow, reachable, tier_ref
+from replayable.store.sqlite import SQLiteStore
 
 __all__ = ["ArchiveReport", "RetentionPolicy", "archive", "drop_blobs", "parse_age"]
 
@@ -334,8 +337,7 @@ def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) ->
         # in order, so at most two are held.
         pending: Future[None] | None = None
         try:
-            for columns in _run_batches(store, sorted(part.runs)):
-                table = _event_table(pa, schema, columns, spaces, refs)
+            for table in _event_tables(store, sorted(part.runs), schema, spaces, refs):
                 written.add(table)
                 if pending is not None:
                     pending.result()
@@ -525,36 +527,62 @@ def _check_part(part: ArchivePart, written: _Rows, tier: set[tuple[str, str, str
         )
 
 
-def _run_batches(store: EventStore, run_ids: Sequence[str]) -> Iterable[list[list[Any]]]:
+def _event_tables(
+    store: EventStore,
+    run_ids: Sequence[str],
+    schema: Any,
+    spaces: dict[str, str],
+    refs: dict[str, set[str]],
+) -> Iterable[Any]:
     """The runs' stored rows (as stored, not decoded: a damaged row is archived as it is
-    and named by whoever reads it) as columns, whole runs at a time, about ROW_GROUP_ROWS
-    rows per batch: one row group each. A batch is written and let go soon after the
-    next is read, so the memory of one is reused, not taken afresh for the whole part."""
-    pending: list[list[Any]] = []
+    and named by whoever reads it) as tables of whole runs, about ROW_GROUP_ROWS rows
+    each: one row group each; the payload references in them added to ``refs`` by key
+    space. A table is written and let go soon after the next is read, so the memory of
+    one is reused, not taken afresh for the whole part."""
+    import pyarrow as pa
+
+    fast = isinstance(store, SQLiteStore)
+
+    def read(chunk: Sequence[str]) -> Any | None:
+        if fast:
+            assert isinstance(store, SQLiteStore)
+            rows = read_rows(store, chunk)
+            if not rows:
+                return None
+            table = event_table(store, rows, schema)
+            if table is not None:
+                # Only when the rows reference the tier: their stored values, as the
+                # general path reads them.
+                if any(table.column(i).null_count != len(rows) for i in (20, 21, 11)):
+                    run_col, rq, rs, err = (list(map(itemgetter(i), rows)) for i in (0, 20, 21, 11))
+                    _add_refs(run_col, rq, rs, err, spaces, refs)
+                return table
+        columns = store.stored_columns(chunk)
+        if not columns or not len(columns[0]):
+            return None
+        return _event_table(pa, schema, columns, spaces, refs)
+
+    pending: list[Any] = []
     rows_pending = 0
     at, step, seen_runs, seen_rows = 0, 1, 0, 0
     while at < len(run_ids):
         chunk = run_ids[at : at + step]
         at += len(chunk)
-        columns = store.stored_columns(chunk)
-        rows = len(columns[0]) if columns else 0
+        table = read(chunk)
+        rows = table.num_rows if table is not None else 0
         seen_runs += len(chunk)
         seen_rows += rows
         # As many runs next as make up the rest of a row group at the rows per run so far.
         per_run = max(seen_rows / seen_runs, 1.0)
         if rows:
-            if pending:
-                for mine, more in zip(pending, columns, strict=True):
-                    mine.extend(more)
-            else:
-                pending = [list(c) for c in columns]
+            pending.append(table)
             rows_pending += rows
         if rows_pending >= ROW_GROUP_ROWS:
-            yield pending
+            yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
             pending, rows_pending = [], 0
         step = max(1, min(500, int((ROW_GROUP_ROWS - rows_pending) / per_run) or 1))
     if rows_pending:
-        yield pending
+        yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
 
 
 def _event_table(
@@ -564,13 +592,13 @@ def _event_table(
     spaces: dict[str, str],
     refs: dict[str, set[str]],
 ) -> Any:
-    """One row group's table from its columns; the payload references in it added to
-    ``refs`` by key space."""
+    """The table of rows as :meth:`EventStore.stored_columns` gives them; the payload
+    references in them added to ``refs`` by key space."""
     columns = list(columns)
     n = len(columns[0])
-    # Most row groups reference nothing in the tier: that is counted in C, not looped over.
+    # Most rows reference nothing in the tier: that is counted in C, not looped over.
     if any(columns[i].count(None) != n for i in (20, 21, 11)):
-        _add_refs(columns, spaces, refs)
+        _add_refs(columns[0], columns[20], columns[21], columns[11], spaces, refs)
     columns[12] = [True if v == 1 else False if v == 0 else None for v in columns[12]]
     return pa.table(
         [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
@@ -578,13 +606,19 @@ def _event_table(
     )
 
 
-def _add_refs(columns: list[Any], spaces: dict[str, str], refs: dict[str, set[str]]) -> None:
-    """The payload references of a row group's rows, added to ``refs`` by key space."""
+def _add_refs(
+    run_ids: Sequence[Any],
+    requests: Sequence[Any],
+    responses: Sequence[Any],
+    errors: Sequence[Any],
+    spaces: dict[str, str],
+    refs: dict[str, set[str]],
+) -> None:
+    """The payload references of rows (their stored values), added to ``refs`` by key
+    space."""
     last = None
     mine: set[str] = set()
-    for run_id, rq, rs, error in zip(
-        columns[0], columns[20], columns[21], columns[11], strict=True
-    ):
+    for run_id, rq, rs, error in zip(run_ids, requests, responses, errors, strict=True):
         # An error the tier keeps (encrypted) is copied like the payloads.
         err = tier_ref(error) if type(error) is str else None
         if rq is not None or rs is not None or err is not None:
