@@ -47,6 +47,7 @@ from replayable.errors import AppendOnlyError, ConfigurationError, RunNotFoundEr
 from replayable.events.model import Event, RunEnd, RunStart
 from replayable.store.base import EventStore
 from replayable.store.stream import StreamStore, decode, ensure_stream, parse_stream_url
+from replayable.store.stream._cipher import SEALED, SealedMessageError, stream_cipher
 from replayable.store.stream._wire import decode_event, decode_frame, unpacked, unpacked_size
 
 __all__ = ["Compactor", "CompactorReport", "compactor_states", "stream_state"]
@@ -58,6 +59,9 @@ DEFAULT_CONSUMER: Final = "compactor"
 ACK_WAIT_S: Final = 30.0
 #: How long a record whose run's start is not in the sink yet waits to come again.
 RETRY_DELAY_S: Final = 0.5
+#: A sealed message no key here opens comes back this much later (another compactor,
+#: or this one once its key is configured, takes it meanwhile).
+SEALED_RETRY_S: Final = 10.0
 #: Run ids a compactor remembers as started in the sink (cleared when full).
 _KNOWN_CAP: Final = 200_000
 #: The control line of a delivery: ``HMSG <subject> <sid> <reply> <header bytes> <bytes>``.
@@ -86,6 +90,10 @@ class CompactorReport:
     skipped: int = 0
     deferred: int = 0
     rejected: int = 0
+    #: Sealed messages no configured key opens here: left in the stream, not stored;
+    #: and why, for the last of them.
+    sealed: int = 0
+    sealed_error: str | None = None
     in_flight: int = 0
     #: When the oldest record this compactor holds unacknowledged was published.
     oldest_in_flight: float | None = None
@@ -145,6 +153,8 @@ class Compactor:
         self.archive_every = archive_every
         self.archive_after = archive_after
         self.report = CompactorReport(name or f"{socket.gethostname()}-{os.getpid()}")
+        #: Opens sealed messages (see :mod:`replayable.store.stream._cipher`).
+        self.cipher = stream_cipher()
         self._known: set[str] = set()
         #: The size the next fetch's messages are reckoned at (see ``_fetch_count``).
         self._msg_bytes = 1 << 20
@@ -348,11 +358,33 @@ class Compactor:
         events = batch.events
         for msg in msgs:
             data = msg.data
+            head = data[:1]
+            if head == SEALED:
+                try:
+                    data = unpacked(data, self.cipher)
+                except SealedMessageError as exc:
+                    # Not ours to drop: a compactor started without the key leaves it in
+                    # the stream for one that has it, and says so (in its log, once for
+                    # each key, and in its status).
+                    why = str(exc)
+                    if why != self.report.sealed_error:
+                        log.error(
+                            "replayable: compactor: stream %s message %s on %s and others "
+                            "like it are left in the stream: %s", self.config.stream,
+                            _stream_seq(msg.reply), _text(msg.subject), why,
+                        )  # fmt: skip
+                    self.report.sealed += 1
+                    self.report.sealed_error = why
+                    batch.rejected.add(id(msg))
+                    await self._sub.nak([msg], SEALED_RETRY_S)
+                    continue
+                except ConfigurationError:
+                    pass  # `decode` below names what is wrong, and the message is refused
+                head = data[:1]
             # Nearly every message is a frame of one run's records (or, written before
             # frames, one event): decoded straight into the record types (the decoders
             # `decode` uses); anything else, or a message that does not decode, goes
             # through `decode`, which names what is wrong.
-            head = data[:1]
             if head == b"z":  # a compressed frame (one that does not unpack: below)
                 try:
                     data = unpacked(data)
@@ -378,7 +410,7 @@ class Compactor:
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     pass
             try:
-                kind, record = decode(data)
+                kind, record = decode(data, self.cipher)
             except ConfigurationError as exc:
                 # Data, never a command: a message that is no record is reported and
                 # taken off the queue (it can never be stored).

@@ -121,6 +121,11 @@ def compactor(
         f"compacted {report.records:,} record(s) in {report.batches:,} batch(es); "
         f"{report.skipped:,} already stored, {report.deferred:,} deferred, "
         f"{report.rejected:,} refused"
+        + (
+            f"; {report.sealed:,} left in the stream: {report.sealed_error}"
+            if report.sealed
+            else ""
+        )
     )
 
 

@@ -160,7 +160,7 @@ def _print_stream(out: Any, found: dict[str, Any]) -> None:
             f"{c.get('in_flight', 0):,}",
             _age(c.get("oldest_in_flight")),
             _ago(c.get("last_commit_at")),
-            str(c.get("last_error") or ""),
+            str(c.get("last_error") or c.get("sealed_error") or ""),
         )
     out.print(table)
 

@@ -32,6 +32,7 @@ from replayable.store.base import EventStore, RunFilter
 from replayable.store.lazy import shown_url
 from replayable.store.payloads import PayloadTier
 from replayable.store.search import EventQuery, SearchPage
+from replayable.store.stream._cipher import FrameCipher, SealedMessageError, stream_cipher
 from replayable.store.stream._client import StreamClient, StreamConfig
 from replayable.store.stream._wire import (
     BLOB_TOKEN,
@@ -168,6 +169,8 @@ class StreamStore(EventStore):
         self._sink_tenant = _url_tenant(self.sink_url)
         self._subjects: dict[str, str] = {}
         self.tier = PayloadTier()
+        self._cipher = stream_cipher()
+        self._cipher_of: Any = None
         self.client = StreamClient(cfg)
         try:
             # Reached at once, so that a server down at start is an outage (the writer
@@ -226,7 +229,7 @@ class StreamStore(EventStore):
             for _, body in self.client.run(
                 self.client.read(run_filter(self.prefix, run_id), limit=1), "reading a run"
             ):
-                for kind, record in records(body):
+                for kind, record in records(body, self.cipher):
                     if kind == "s":
                         return record  # type: ignore[no-any-return]
         except (StoreError, ConfigurationError):
@@ -278,7 +281,7 @@ class StreamStore(EventStore):
             # Message ids travel in a header line: a run id is taken as a subject token
             # is (an id holding a line break could otherwise write frames of its own).
             for mid, body in frames(token(run_id), rs, re_, rx, limit):
-                messages.append((subject, mid, body))
+                messages.append((subject, mid, self._sealed(body)))
         self.client.run(
             self.client.publish(messages),
             f"publishing {len(starts) + len(events) + len(ends)} record(s)",
@@ -286,11 +289,29 @@ class StreamStore(EventStore):
         for x in ends:
             self._subjects.pop(x.run_id, None)
 
+    @property
+    def cipher(self) -> FrameCipher | None:
+        """Seals what this store publishes and opens what it reads (see :mod:`._cipher`):
+        with the data keys given to :func:`~replayable.store.crypto.enable_encryption`
+        (the writer process's store, for the process that opened it), else this
+        process's."""
+        keys = self.__dict__.get("data_keys")
+        if keys is not None and keys.wrapper is not self._cipher_of:
+            self._cipher_of = keys.wrapper
+            self._cipher = None if keys.wrapper is None else FrameCipher(keys.wrapper)
+        return self._cipher
+
+    def _sealed(self, body: bytes) -> bytes:
+        cipher = self.cipher
+        return cipher.seal(body) if cipher is not None and cipher.seals else body
+
     def put_blob(self, digest: str, data: bytes) -> None:
         subject = f"{self.prefix}.{BLOB_TOKEN}.{token(digest)}"
         item = (digest, data)
         self.client.run(
-            self.client.publish([(subject, message_id("b", item), encode("b", item))]),
+            self.client.publish(
+                [(subject, message_id("b", item), self._sealed(encode("b", item)))]
+            ),
             "publishing a blob",
         )
 
@@ -300,7 +321,7 @@ class StreamStore(EventStore):
             return found
         subject = f"{self.prefix}.{BLOB_TOKEN}.{token(digest)}"
         for _, body in self.client.run(self.client.read(subject, limit=1), "reading a blob"):
-            kind, record = decode(body)
+            kind, record = decode(body, self.cipher)
             if kind == "b" and record[0] == digest:
                 return record[1]  # type: ignore[no-any-return]
         return None
@@ -333,8 +354,8 @@ class StreamStore(EventStore):
             ) from exc
         for seq, body in messages:
             try:
-                held = records(body)
-            except ConfigurationError as exc:
+                held = records(body, self.cipher)
+            except (ConfigurationError, SealedMessageError) as exc:
                 log.warning("replayable: stream %s message %d: %s", self.stream, seq, exc)
                 continue
             for kind, record in held:

@@ -24,7 +24,8 @@ The body is one letter of kind, then msgpack: for a frame (``f``) the array
 ``[starts, events, ends]`` of the records, for a single record (``s``, ``e``,
 ``x``, ``b``) the record, exactly as the writer built it (hash chain included).
 A frame over :data:`COMPRESS_OVER` bytes goes as ``z`` and the zstd of its ``f``
-body (its id's digest is the ``f`` body's).
+body (its id's digest is the ``f`` body's). Where the store encrypts its payloads,
+every body is sealed as it is published (``c``, see :mod:`._cipher`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import zstandard
 
 from replayable.errors import ConfigurationError
 from replayable.events.model import Event, RunEnd, RunStart
+from replayable.store.stream._cipher import SEALED, FrameCipher, SealedMessageError
 
 __all__ = [
     "BLOB_TOKEN",
@@ -121,10 +123,21 @@ def encode(kind: str, record: Any) -> bytes:
     return kind.encode() + _encode(record)
 
 
-def unpacked(data: bytes) -> bytes:
-    """A compressed frame's body (``z`` + zstd of an ``f`` body) as the ``f`` body; any
-    other body as it is. A ``z`` body that does not decompress into a frame within
-    :data:`UNPACKED_MAX` bytes raises :class:`ConfigurationError`."""
+def unpacked(data: bytes, cipher: FrameCipher | None = None) -> bytes:
+    """A compressed frame's body (``z`` + zstd of an ``f`` body) as the ``f`` body, a
+    sealed message's (``c``, see :mod:`._cipher`) as what it holds; any other body as it
+    is. A ``z`` body that does not decompress into a frame within :data:`UNPACKED_MAX`
+    bytes raises :class:`ConfigurationError`; a sealed one that ``cipher`` cannot open,
+    :class:`~._cipher.SealedMessageError` (no key here) or ``ConfigurationError``."""
+    if data[:1] == SEALED:
+        if cipher is None:
+            raise SealedMessageError(
+                "a sealed message on the stream, and no data key configured here to open it "
+                "(REPLAYABLE_DATA_KEY, REPLAYABLE_DATA_KEYRING or REPLAYABLE_DATA_KEY_PROVIDER)"
+            )
+        data = cipher.open(data)
+        if data[:1] == SEALED:
+            raise ConfigurationError("a sealed message holds another sealed message")
     if data[:1] != b"z":
         return data
     try:
@@ -152,13 +165,13 @@ def unpacked_size(data: bytes) -> int:
     return size if size >= 0 else len(data)
 
 
-def decode(data: bytes) -> tuple[str, Any]:
-    """``(kind, record)`` of a message body (a compressed frame as ``f``); a body that
-    is not one raises :class:`ConfigurationError` naming what is wrong (a stored
-    record is data, never trusted: it is decoded into the record types only)."""
+def decode(data: bytes, cipher: FrameCipher | None = None) -> tuple[str, Any]:
+    """``(kind, record)`` of a message body (a compressed or sealed frame as ``f``); a
+    body that is not one raises :class:`ConfigurationError` naming what is wrong (a
+    stored record is data, never trusted: it is decoded into the record types only)."""
     if not data:
         raise ConfigurationError("an empty message is not a replayable record")
-    data = unpacked(data)
+    data = unpacked(data, cipher)
     decoder = _DECODERS.get(data[0])
     if decoder is None:
         raise ConfigurationError(f"a message of unknown kind {data[:1]!r} is not a record")
@@ -218,10 +231,10 @@ def frames(
         i = j
 
 
-def records(data: bytes) -> list[tuple[str, Any]]:
+def records(data: bytes, cipher: FrameCipher | None = None) -> list[tuple[str, Any]]:
     """``(kind, record)`` of each record a message body holds, a frame's or a single
     record's (as :func:`decode`, which raises for a body that is neither)."""
-    kind, record = decode(data)
+    kind, record = decode(data, cipher)
     if kind != "f":
         return [(kind, record)]
     return [
