@@ -55,6 +55,12 @@ ROW_GROUP_ROWS: Final = 16_384
 #: Most events in one part file (cut at a run boundary).
 PART_EVENTS: Final = 500_000
 DAY: Final = 86_400.0
+#: The events file's columns but the hashes: a hash never repeats, so a dictionary of
+#: them only fills up (the writer then encodes the row group again, plain) and their
+#: min and max prune nothing; every other column is dictionary-encoded, with statistics.
+_DICTIONARY_COLUMNS: Final = [
+    name for name in EVENT_FIELDS if name not in ("fingerprint", "prev_hash", "hash")
+]
 
 
 def parse_age(text: str) -> float:
@@ -331,7 +337,13 @@ def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) ->
     fs, path = filesystem(part.events_url)
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(path, "wb") as out, ThreadPoolExecutor(1, "replayable-archive") as pool:
-        writer = pq.ParquetWriter(out, schema, compression="zstd")
+        writer = pq.ParquetWriter(
+            out,
+            schema,
+            compression="zstd",
+            use_dictionary=_DICTIONARY_COLUMNS,
+            write_statistics=_DICTIONARY_COLUMNS,
+        )
         # A row group is encoded and compressed (pyarrow, without the GIL) on the pool's
         # thread while the next one is read from the store and built here; one at a time,
         # in order, so at most two are held.
