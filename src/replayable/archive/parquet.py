@@ -344,16 +344,20 @@ def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) ->
             use_dictionary=_DICTIONARY_COLUMNS,
             write_statistics=_DICTIONARY_COLUMNS,
         )
-        # A row group is encoded and compressed (pyarrow, without the GIL) on the pool's
-        # thread while the next one is read from the store and built here; one at a time,
-        # in order, so at most two are held.
+
+        def write(table: Any) -> None:
+            written.add(table)
+            writer.write_table(table, table.num_rows)
+
+        # A row group's digests are folded in and it is encoded and compressed (pyarrow
+        # and hashlib, without the GIL) on the pool's thread while the next one is read
+        # from the store and built here; one at a time, in order, so at most two are held.
         pending: Future[None] | None = None
         try:
             for table in _event_tables(store, sorted(part.runs), schema, spaces, refs):
-                written.add(table)
                 if pending is not None:
                     pending.result()
-                pending = pool.submit(writer.write_table, table, table.num_rows)
+                pending = pool.submit(write, table)
             if pending is not None:
                 pending.result()
                 pending = None
