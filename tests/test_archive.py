@@ -675,3 +675,42 @@ def test_an_archive_by_the_fast_path_holds_what_the_general_path_writes(
     for kind in ("events", "blobs"):
         assert tables["runs"][kind].equals(tables["general"][kind])
     assert None in tables["runs"]["events"].column("side_effect").to_pylist()
+
+
+def test_a_parts_local_files_are_on_stable_storage_before_it_is_indexed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hot payloads go once their part is indexed: by then its three files, and the
+    directories that name them, were fsynced."""
+    from replayable.archive import parquet
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    seen: list[list[str]] = []
+    real_commit = parquet._commit
+
+    def commit(store, part):  # type: ignore[no-untyped-def]
+        seen.append(list(synced))
+        real_commit(store, part)
+
+    monkeypatch.setattr(parquet.os, "fsync", fsync)
+    monkeypatch.setattr(parquet, "_commit", commit)
+    store = SQLiteStore(tmp_path / "runs.db")
+    try:
+        _record(store, 1)
+        archive(store, str(tmp_path / "arch"), older_than=0.0)
+    finally:
+        store.close()
+    (files,) = seen
+    written = sorted(str(p) for p in (tmp_path / "arch").glob("*/*/*/*.parquet"))
+    assert len(written) == 3
+    for path in written:
+        assert path in files
+        parent = Path(path).parent
+        for directory in (parent, parent.parent, parent.parent.parent, tmp_path / "arch"):
+            assert str(directory) in files

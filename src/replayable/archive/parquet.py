@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -367,6 +368,7 @@ def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) ->
             if pending is not None:
                 pending.exception()  # the error being raised wins; the write is let finish
         writer.close()
+        _sync(fs, out)
     total = written.count
     nodes: list[NodeRow] = []
     blobs: list[BlobRow] = []
@@ -391,6 +393,8 @@ def _write_part(store: EventStore, part: ArchivePart, listed: dict[str, Run]) ->
     with fs.open(path, "wb") as out:
         # Blobs are compressed already; zstd here packs the node rows and the digests.
         pq.write_table(table, out, compression="zstd")
+        _sync(fs, out)
+    _sync_dirs(fs, [part.events_url, part.blobs_url, runs_url(part.events_url)])
     tier = {("node", n.tenant, n.digest) for n in nodes}
     tier.update(("blob", b.tenant, b.digest) for b in blobs)
     _check_part(part, written, tier)
@@ -438,6 +442,44 @@ def _write_runs(
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(path, "wb") as out:
         pq.write_table(table, out, compression="zstd")
+        _sync(fs, out)
+
+
+def _local(fs: Any) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(fs, LocalFileSystem)
+
+
+def _sync(fs: Any, out: Any) -> None:
+    """A part's file on a local disk on stable storage before the part is indexed and
+    its hot payloads dropped (an object store has it once the upload completes): one
+    fsync per file, none per row group."""
+    if _local(fs):
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _sync_dirs(fs: Any, urls: Sequence[str]) -> None:
+    """The directory entries of a part's local files, up to the archive's root: each
+    directory synced once."""
+    if not _local(fs):
+        return
+    done: set[str] = set()
+    for url in urls:
+        _, path = filesystem(url)
+        parts = path.split("/")
+        # <root>/<events|blobs|runs>/tenant=<T>/date=<D>/part-<id>.parquet
+        for up in range(len(parts) - 1, max(len(parts) - 5, 1), -1):
+            directory = "/".join(parts[:up]) or "/"
+            if directory in done:
+                continue
+            done.add(directory)
+            fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 class _Rows:
