@@ -211,3 +211,171 @@ def test_short_and_long_rows_leave_the_fast_reader() -> None:
     assert _sound_event(_SOUND[:-1]) is None
     assert _sound_event((*_SOUND, "extra")) is None
     assert event_from_row(_SOUND[:-1]).problems == ("schema_version: column is missing",)
+
+
+# -- the column-wise reader of a batch of rows (SQLite's events) ------------------------
+
+
+def _rows_with(col: int, value: object) -> list[tuple[object, ...]]:
+    """Three rows of sound values, the middle one with ``value`` in column ``col``."""
+    rows = []
+    for i in range(3):
+        row = list(_SOUND)
+        row[1], row[16] = 17 + i, 16 + i
+        if i == 1 and col >= 0:
+            row[col] = value
+        rows.append(tuple(row))
+    return rows
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {4: None, 6: None, 9: None},
+        {5: 3, 11: '{"type":"ValueError","message":"x","args":[]}'},
+        {11: "@tier:error/ab"},  # an error kept in the tier: no JSON to check here
+        {12: 1, 10: "tagged"},
+        {13: 1764590000},
+        {15: "{}"},
+    ],
+    ids=["plain", "nulls", "parent-error", "tier-error", "tagged", "int-time", "no-meta"],
+)
+def test_sound_columns_read_as_row_by_row(change: dict[int, object]) -> None:
+    """Columns whose every value is sound give, at once, the events each row gives."""
+    from replayable.store.rows import events_from_columns, sound_events
+
+    rows = [tuple(change.get(i, v) for i, v in enumerate(r)) for r in _rows_with(-1, None)]
+    columns = list(zip(*rows, strict=True))
+    fast = sound_events(columns)
+    assert fast is not None
+    assert fast == [event_from_row(r) for r in rows]
+    assert all(e.problems == () for e in fast)
+    assert events_from_columns(columns) == fast
+    assert [type(e.started_at) for e in fast] == [float] * 3
+    assert [type(e.side_effect) for e in fast] == [bool] * 3
+
+
+@pytest.mark.parametrize(
+    ("col", "bad"),
+    [
+        (0, None), (0, b"r-1"), (1, "17"), (1, 17.0), (1, None), (2, 3), (2, b"tool"),
+        (3, None), (4, 5), (4, b"k"), (5, "3"), (5, 3.0), (6, b"x"), (6, 1), (7, "{not json"),
+        (7, None), (7, b"{}"), (7, ""), (8, None), (8, 8), (9, "[1,"), (9, b"{}"), (9, 1.5),
+        (10, "msgpack"), (10, None), (10, b"json"), (11, "[1]"), (11, "nope"), (11, b"{}"),
+        (11, 4), (12, 2), (12, -1), (12, "yes"), (12, 1.0), (12, None), (13, float("nan")),
+        (13, float("inf")), (13, float("-inf")), (13, "now"), (13, None), (13, b"\x00"),
+        (14, 1.5), (14, None), (14, "5"), (15, "[]"), (15, "{"), (15, None), (15, "null"),
+        (15, b"{}"), (16, "16"), (16, 16.0), (17, None), (17, 7), (18, 7), (18, b"\x01"),
+        (19, 0), (19, 99), (19, "1"), (19, 1.0), (19, None),
+    ],
+)  # fmt: skip
+def test_one_unsound_value_sends_every_row_to_the_checking_decoder(col: int, bad: object) -> None:
+    """No batch holding a value the row decoder would fault (of any type the sqlite3
+    module gives) gets past the column-wise reader; the rows read as row by row."""
+    from replayable.store.rows import EVENT_COLUMNS, events_from_columns, sound_events
+
+    rows = _rows_with(col, bad)
+    columns = list(zip(*rows, strict=True))
+    assert sound_events(columns) is None
+    events = events_from_columns(columns)
+    assert events == [event_from_row(r) for r in rows]
+    assert events[0].problems == events[2].problems == ()
+    name = EVENT_COLUMNS[col][0]
+    assert any(p.startswith(name + ":") for p in events[1].problems), events[1].problems
+
+
+def test_column_reader_odd_shapes() -> None:
+    from replayable.store.rows import events_from_columns, sound_events
+
+    assert events_from_columns([() for _ in range(20)]) == []
+    assert sound_events([() for _ in range(19)]) is None
+    big = _rows_with(14, 2**62)  # a sum of the column past 64 bits stays an int
+    assert sound_events(list(zip(*big, strict=True))) == [event_from_row(r) for r in big]
+    huge = [(*r[:13], 1.7e308, *r[14:]) for r in _rows_with(-1, None)]
+    # The times' sum overflows to inf: the rows are read one by one, and are sound.
+    assert sound_events(list(zip(*huge, strict=True))) is None
+    assert events_from_columns(list(zip(*huge, strict=True))) == [event_from_row(r) for r in huge]
+    assert all(e.problems == () for e in events_from_columns(list(zip(*huge, strict=True))))
+
+
+_TAMPERED = [
+    ("kind", "x'746f6f6c'"),  # the blob of the text 'tool'
+    ("name", "x'ff00'"),
+    ("parent", "'three'"),
+    ("parent", "2.5"),
+    ("call_site", "x'61'"),
+    ("site", "'x'"),
+    ("site", "3.0"),
+    ("site", "999999"),
+    ("key", "12"),  # text affinity: the text '12', sound
+    ("duration_ns", "1.5"),
+    ("duration_ns", "0.30000000000000004"),
+    ("chain_index", "1e300"),
+    ("side_effect", "2"),
+    ("started_at", "'now'"),
+    ("started_at", "9e999"),
+    ("error", "x'7b7d'"),
+    ("error", "'[1]'"),
+    ("encoding", "'msgpack'"),
+    ("schema_version", "99"),
+    ("metadata", "'[]'"),
+    ("request", "'{not json'"),
+    ("response", "x'7b7d'"),
+    ("request_ref", "x'00'"),
+    ("response_ref", "1.25"),
+    ("fingerprint", "x'0102'"),
+    ("prev_hash", "7"),
+    ("hash", "'short'"),
+    ("duration_ns", "9e999"),  # an infinity where JSON has no number for it
+    ("seq", "seq + 0.5"),
+]
+
+
+@pytest.mark.parametrize(("column", "value"), _TAMPERED, ids=[f"{c}={v}" for c, v in _TAMPERED])
+def test_sqlite_packed_read_gives_what_the_stored_read_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, column: str, value: str
+) -> None:
+    """The SQLite reader's packed select (small columns in one JSON array a row) reads
+    exactly what the select of the stored columns reads, for a sound run and for one
+    with a hostile value of any storage class in any column (then it leaves the read to
+    the stored columns)."""
+    from tests.test_store_contract import (
+        ENV_DIGEST,
+        ENV_SNAPSHOT,
+        make_end,
+        make_events,
+        make_start,
+        new_id,
+    )
+
+    rid = new_id(11)
+    events = make_events(rid, 9)
+    store = SQLiteStore(tmp_path / "runs.db")
+    store.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
+    try:
+        store.append([make_start(rid)], events, [make_end(rid, events)])
+        assert store._packed_events("WHERE run_id = ? ORDER BY seq", (rid,)) is not None
+        assert store.events(rid) == events
+        with sqlite3.connect(tmp_path / "runs.db") as db:
+            db.execute("DROP TRIGGER events_no_update")
+            db.execute(f"UPDATE events SET {column} = {value} WHERE seq IN (2, 3)")
+            db.commit()
+        read = (
+            store.events(rid),
+            store.events_until(rid, 4),
+            store.events_range(rid, 2, 3),
+            store.event_at(rid, 3),
+        )
+        monkeypatch.setattr(SQLiteStore, "_packed_events", lambda *a: None)
+        stored = (
+            store.events(rid),
+            store.events_until(rid, 4),
+            store.events_range(rid, 2, 3),
+            store.event_at(rid, 3),
+        )
+    finally:
+        store.close()
+    assert read == stored
+    assert read[0][0] == events[0]
+    assert read[0][5:] == events[5:]

@@ -11,6 +11,7 @@ run, ``show`` print the row as unreadable, ``replay`` stop at that step and
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -38,7 +39,11 @@ __all__ = [
     "RUN_COLUMNS",
     "event_from_row",
     "event_to_row",
+    "events_from_columns",
+    "ints_or_nulls",
     "run_from_row",
+    "sound_events",
+    "texts_or_nulls",
 ]
 
 
@@ -322,6 +327,116 @@ def _sound_event(r: Sequence[Any]) -> Event | None:
         run_id, seq, kind, name, key, parent, site, request, fingerprint, response, encoding,
         error, bool(side_effect), float(started_at), duration_ns, meta, chain_index, prev_hash,
         digest, version,
+    )  # fmt: skip
+
+
+def events_from_columns(columns: Sequence[Sequence[Any]]) -> list[Event]:
+    """The events of rows given as columns in field order (:data:`EVENT_COLUMNS`), each
+    holding values as the sqlite3 module hands them back: ``int``, ``float``, ``str``,
+    ``bytes`` or ``None``, never a subclass.
+
+    Each column is checked at once, in loops that run in C (a join, an array, one
+    ``orjson.loads`` per JSON text): the same checks :func:`event_from_row` makes of a
+    row. Where any value of a column fails one, every row goes through
+    :func:`event_from_row`, which names the problems of each."""
+    events = sound_events(columns)
+    if events is not None:
+        return events
+    return [event_from_row(r) for r in zip(*columns, strict=True)]
+
+
+_JSON_OBJECT = frozenset({dict})
+_ENCODINGS = frozenset({"json", "tagged"})
+_FLAGS = frozenset({0, 1})
+
+
+def _texts(column: Sequence[Any]) -> bool:
+    """Whether every value is a ``str`` (``join`` refuses anything else the sqlite3
+    module gives: a number, bytes, NULL)."""
+    try:
+        "".join(column)
+    except TypeError:
+        return False
+    return True
+
+
+def _ints(column: Sequence[Any]) -> bool:
+    """Whether every value is an ``int``: their sum is one (a float makes it a float;
+    text, bytes or NULL make ``sum`` fail; the sqlite3 module gives no bool)."""
+    try:
+        return type(sum(column)) is int
+    except TypeError:
+        return False
+
+
+def _present(column: Sequence[Any]) -> Sequence[Any]:
+    """The values of a nullable column that are not NULL."""
+    nulls = column.count(None)
+    if nulls == 0:
+        return column
+    if nulls == len(column):
+        return ()
+    return [v for v in column if v is not None]
+
+
+def texts_or_nulls(column: Sequence[Any]) -> bool:
+    """Whether every value (as the sqlite3 module gives them) is a ``str`` or ``None``."""
+    return _texts(_present(column))
+
+
+def ints_or_nulls(column: Sequence[Any]) -> bool:
+    """Whether every value (as the sqlite3 module gives them) is an ``int`` or ``None``."""
+    return _ints(_present(column))
+
+
+def sound_events(columns: Sequence[Sequence[Any]]) -> list[Event] | None:
+    """The events of columns (as :func:`events_from_columns` takes them) whose every
+    value passes the checks of :data:`EVENT_COLUMNS`; ``None`` if any value does not."""
+    if len(columns) != len(EVENT_COLUMNS):
+        return None
+    (run_id, seq, kind, name, key, parent, site, request, fingerprint, response,
+     encoding, error, side_effect, started_at, duration_ns, metadata, chain_index,
+     prev_hash, digest, version) = columns  # fmt: skip
+    if not (
+        _texts(run_id) and _ints(seq) and _texts(kind) and _texts(name)
+        and _texts(_present(key)) and _ints(_present(parent)) and _texts(_present(site))
+        and _texts(request) and _texts(fingerprint) and _texts(_present(response))
+        and _ENCODINGS.issuperset(encoding) and _ints(side_effect)
+        and _FLAGS.issuperset(side_effect) and _ints(duration_ns) and _texts(metadata)
+        and _ints(chain_index) and _texts(prev_hash) and _texts(digest) and _ints(version)
+    ):  # fmt: skip
+        return None
+    if version and not (min(version) >= 1 and max(version) <= _EVENT_MAX):
+        return None
+    try:
+        # An infinity or NaN makes the sum one (as may an overflow: then the rows are
+        # read one by one, which finds them all finite).
+        if not math.isfinite(sum(started_at)):
+            return None
+    except TypeError:  # text, bytes or NULL
+        return None
+    errors = _present(error)
+    if not _texts(errors):
+        return None
+    loads = orjson.loads
+    try:
+        deque(map(loads, request), maxlen=0)
+        deque(map(loads, _present(response)), maxlen=0)
+        meta = list(map(loads, metadata))
+        if errors:
+            kept = [e for e in errors if not e.startswith(REF_PREFIX)]
+            if not _JSON_OBJECT.issuperset(map(type, map(loads, kept))):
+                return None
+    except orjson.JSONDecodeError:
+        return None
+    if not _JSON_OBJECT.issuperset(map(type, meta)):
+        return None
+    return list(
+        map(
+            Event, run_id, seq, kind, name, key, parent, site, request, fingerprint, response,
+            encoding, error, map(bool, side_effect), map(float, started_at), duration_ns, meta,
+            chain_index, prev_hash, digest, version,
+        )
     )  # fmt: skip
 
 

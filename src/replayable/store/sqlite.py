@@ -54,7 +54,13 @@ from replayable.store.payloads import (
     subject_text,
     tier_ref,
 )
-from replayable.store.rows import event_from_row, run_from_row
+from replayable.store.rows import (
+    events_from_columns,
+    ints_or_nulls,
+    run_from_row,
+    sound_events,
+    texts_or_nulls,
+)
 
 __all__ = ["SQLiteStore"]
 
@@ -208,6 +214,25 @@ _EVENT_STORED = (
 )
 #: Where :data:`_EVENT_STORED` puts the columns :func:`_text_columns` rewrites.
 _FINGERPRINT, _PREV_HASH, _HASH, _CALL_SITE, _SITE = 8, 17, 18, 6, 22
+
+#: What :meth:`SQLiteStore._events` selects first: an event's small columns (numbers,
+#: names, the mostly NULL ones) packed into one JSON array per row by SQLite, then the
+#: payloads, the time and the hashes as stored. The sqlite3 module hands each value of
+#: a row back at a cost of its own (it gives the GIL away and takes it back around each
+#: column, and SQLite takes its mutex in each column call), several times that of
+#: building the array and parsing it. JSON holds no blob and no REAL exactly, and
+#: escaping a long payload costs more than a column: those stay columns. A row that the
+#: array cannot hold as it is (a blob in a packed column makes the statement fail, a
+#: REAL there reads as a float where none belongs) sends the read to :data:`_EVENT_STORED`.
+_PACKED = (
+    "seq, kind, name, key, parent, call_site, encoding, error, side_effect, duration_ns, "
+    "chain_index, schema_version, request_ref, response_ref, site"
+)
+_PACKED_WIDTH = _PACKED.count(",") + 1
+_INSIDE = operator.itemgetter(slice(1, -1))  # "[1,2]" -> "1,2"
+_EVENT_PACKED = (
+    f"json_array({_PACKED}), request, fingerprint, response, started_at, metadata, prev_hash, hash"
+)
 
 #: What readers select from ``events``: the event's columns in field order as text and
 #: numbers, whatever form the row stores them in, then ``request_ref, response_ref``.
@@ -567,7 +592,10 @@ def _site_ids(c: sqlite3.Connection, texts: set[str]) -> dict[str, int]:
 def _as_hex(values: Sequence[Any]) -> list[Any]:
     """A hash column in the text form it was hashed in: a blob as lowercase hex, any
     other value as it is (what :func:`_as_text` gives in SQL)."""
-    return [v.hex() if type(v) is bytes else v for v in values]
+    try:
+        return list(map(bytes.hex, values))  # every value a blob: the usual case
+    except TypeError:
+        return [v.hex() if type(v) is bytes else v for v in values]
 
 
 def _text_columns(
@@ -1321,20 +1349,89 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 raise store_error(exc, f"writing to {self.url} failed: {exc}") from exc
 
     def _events(self, where: str, params: tuple[Any, ...]) -> list[Event]:
-        rows = self._query(f"SELECT {_EVENT_STORED} FROM events {where}", params)
-        columns = _text_columns(rows, self._site_texts)
-        split = list(
-            zip(
-                map(event_from_row, zip(*columns[:20], strict=True)),
-                columns[20],
-                columns[21],
-                strict=True,
+        """The events of the rows ``where`` selects, all of the run ``params[0]``
+        (``where`` starts with ``WHERE run_id = ?``)."""
+        read = self._packed_events(where, params)
+        if read is None:
+            rows = self._query(f"SELECT {_EVENT_STORED} FROM events {where}", params)
+            columns = _text_columns(rows, self._site_texts)
+            read = events_from_columns(columns[:20]), columns[20], columns[21], columns[11]
+        events, request_refs, response_refs, errors = read
+        n = len(events)
+        # No payload kept in the tier (an error may still be: its text a reference).
+        if (
+            request_refs.count(None) == n
+            and response_refs.count(None) == n
+            and (
+                errors.count(None) == n
+                or not any(type(e) is str and e.startswith(REF_PREFIX) for e in errors)
             )
-        )
+        ):
+            return events
+        split = list(zip(events, request_refs, response_refs, strict=True))
         if not self.tier.needs_join(split):
-            return [e for e, _, _ in split]
+            return events
         tenants = self._tenants({e.run_id for e, _, _ in split}, ())
         return self.tier.join_events(self, split, tenants.__getitem__)
+
+    def _packed_events(
+        self, where: str, params: tuple[Any, ...]
+    ) -> tuple[list[Event], Sequence[Any], Sequence[Any], Sequence[Any]] | None:
+        """The rows ``where`` selects read through :data:`_EVENT_PACKED`: their events,
+        ``request_ref``, ``response_ref`` and ``error`` columns; ``None`` unless every
+        row is sound, so that the stored columns are read and each problem named.
+
+        The run id is not read back: ``run_id = ?`` (binary text comparison) holds only
+        where the stored value is that very text."""
+        run_id = params[0]
+        if type(run_id) is not str:
+            return None
+        try:
+            cursor = self._reader().execute(f"SELECT {_EVENT_PACKED} FROM events {where}", params)
+            rows = cursor.fetchall()
+        except sqlite3.Error:  # a blob in a packed column, say; the stored read tells
+            return None
+        if not rows:
+            return [], (), (), ()
+        packed, request, fingerprint, response, started_at, metadata, prev_hash, digest = zip(
+            *rows, strict=True
+        )
+        # One array of every row's values, not a list per row (which the garbage
+        # collector would walk): each array SQLite made holds _PACKED_WIDTH values.
+        try:
+            flat = orjson.loads(f"[{','.join(map(_INSIDE, packed))}]")
+        except (orjson.JSONDecodeError, TypeError):  # a REAL as no JSON number (Inf)
+            return None
+        if len(flat) != _PACKED_WIDTH * len(rows):
+            return None
+        # Tuples of text and numbers, which the collector stops walking once it has seen
+        # them (lists it walks on every pass while they live).
+        (seq, kind, name, key, parent, call_site, encoding, error, side_effect,
+         duration_ns, chain_index, version, request_refs, response_refs,
+         sites) = (tuple(flat[i::_PACKED_WIDTH]) for i in range(_PACKED_WIDTH))  # fmt: skip
+        del flat, rows
+        if not (
+            texts_or_nulls(request_refs) and texts_or_nulls(response_refs) and ints_or_nulls(sites)
+        ):
+            return None
+        if sites.count(None) < len(sites):
+            wanted = {s for s in sites if s is not None}
+            texts = self._site_texts(wanted)
+            call_site = tuple(
+                text if text is not None or site is None else texts.get(site)
+                for text, site in zip(call_site, sites, strict=True)
+            )
+        events = sound_events(
+            (
+                (run_id,) * len(seq), seq, kind, name, key, parent, call_site, request,
+                _as_hex(fingerprint), response, encoding, error, side_effect, started_at,
+                duration_ns, metadata, chain_index, _as_hex(prev_hash), _as_hex(digest),
+                version,
+            )
+        )  # fmt: skip
+        if events is None:
+            return None
+        return events, request_refs, response_refs, error
 
     # -- the payload tier ----------------------------------------------------------
 
