@@ -777,10 +777,14 @@ def test_a_run_stored_before_the_writer_process_is_up_matches_one_it_stores(
         finally:
             store.close()
 
-    up = record("up", "up")
-    assert len(up) == 2 + 5 + 1  # two runs; a span, three tools, a child run; its tool
-    assert record("early", "early") == up
-    assert record("thread", "thread") == up
+    try:
+        up = record("up", "up")
+        assert len(up) == 2 + 5 + 1  # two runs; a span, three tools, a child run; its tool
+        assert record("early", "early") == up
+        assert record("thread", "thread") == up
+    finally:
+        monkeypatch.undo()
+        channel.wake.set()  # back to forwarding rounds at the usual interval
 
 
 @pytest.mark.parametrize("handed", [0, 1])

@@ -19,7 +19,10 @@ follows and fails the waiters it could not confirm. Until the child says it is
 up (its start-up takes 0.1 s idle, up to 1 s on a loaded machine), a run's
 start is stored from the agent's process before the run's first boundary
 returns, so that a kill of both in that window leaves the run listed; the
-child builds the run's events on that start (an ``S`` record).
+child builds the run's events on that start (an ``S`` record). A run that ends
+in that window too, before any of its records went down the pipe, is stored
+whole from the agent's process at its end: a short script then waits for
+neither the child's start nor its exit (given no run, it is stopped at exit).
 
 This is the default for stores that another process can open (SQLite files,
 PostgreSQL); ``REPLAYABLE_WRITER=thread`` or ``configure(writer="thread")``
