@@ -64,6 +64,9 @@ def _agent(folder: Path, durability: str, report: int, warm: bool) -> None:
                 st = active_state()
                 run_id = st.run.run_id if st is not None and st.run is not None else ""
                 line = f"child {proc.pid if proc else 0}\nrun {run_id}\n" + line
+                line += (
+                    f"start {_start_stored_by(st.run.writer if st and st.run else None, run_id)}\n"
+                )
             if report >= 0:
                 os.write(report, line.encode())
             if durability == "buffered" and i % 16 == 0:
@@ -88,6 +91,19 @@ def _agent(folder: Path, durability: str, report: int, warm: bool) -> None:
     ):
         killed_agent(CALLS if durability == "buffered" else CALLS // 10)
     store.close()
+
+
+def _start_stored_by(writer: Any, run_id: str) -> str:
+    """Who stores the run's start: ``agent`` (before its first boundary returned, as it
+    does while the writer process is still starting, and for a durable run), or
+    ``writer`` (the writer process was up at the run's start: a buffered record in
+    flight, which a kill of both may lose)."""
+    from replayable.capture.writer.handoff import decode
+
+    held = getattr(writer, "_open_runs", {}).get(run_id)
+    if held is None:
+        return "agent" if getattr(writer, "_lane", None) is not None else "writer"
+    return "agent" if decode(held)[0] == "S" else "writer"
 
 
 def _become_subreaper() -> None:
@@ -126,23 +142,27 @@ def _launch(folder: Path, durability: str, warm: bool) -> tuple[int, int]:
     return pid, time.monotonic()
 
 
-def _read_report(folder: Path) -> tuple[int, str, dict[int, float], float]:
-    child, run_id, worst = 0, "", 0.0
+def _read_report(folder: Path) -> tuple[int, str, dict[int, float], float, str]:
+    """The writer process's pid, the run id, each acknowledged seq's time, the longest
+    boundary, and who stored the run's start (see :func:`_start_stored_by`)."""
+    child, run_id, worst, stored_by = 0, "", 0.0, ""
     acked: dict[int, float] = {}
     try:
         text = (folder / "acks").read_text()
     except OSError:
-        return child, run_id, acked, worst
+        return child, run_id, acked, worst, stored_by
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == "child":
             child = int(parts[1])
         elif len(parts) == 2 and parts[0] == "run":
             run_id = parts[1]
+        elif len(parts) == 2 and parts[0] == "start":
+            stored_by = parts[1]
         elif len(parts) == 4 and parts[0] == "ack":
             acked[int(parts[1])] = float(parts[3])
             worst = max(worst, float(parts[2]))
-    return child, run_id, acked, worst
+    return child, run_id, acked, worst, stored_by
 
 
 def _nothing_stored(acked: dict[int, float]) -> dict[str, Any]:
@@ -221,7 +241,7 @@ def _trial(
     deadline = time.monotonic() + 20
     child = 0
     while time.monotonic() < deadline:
-        child, _, acked, _ = _read_report(folder)
+        child, _, acked, _, _ = _read_report(folder)
         if acked:
             break
         yield
@@ -241,7 +261,7 @@ def _trial(
     deadline = time.monotonic() + 60
     while not _ended(pid, deadline):
         yield
-    child, run_id, acked, worst = _read_report(folder)
+    child, run_id, acked, worst, stored_by = _read_report(folder)
     while child and not _ended(child, deadline):
         yield
     figures = _check(folder, run_id, acked)
@@ -249,6 +269,7 @@ def _trial(
     figures["window_ms"] = round((killed_at - lost_since) * 1000, 1) if lost_since else 0.0
     figures["acked"] = len(acked)
     figures["worst_block_ms"] = round(worst * 1000, 1)
+    figures["start_by_agent"] = int(stored_by == "agent")
     if os.environ.get("KILL_TRIALS_DEBUG"):
         print(kind, n, round(time.monotonic() - t_start, 2), figures, file=sys.stderr)
     return figures
@@ -298,6 +319,12 @@ def run(
                 "orphans": sum(r["orphans"] for r in rows),
                 "runs_missing": sum(r["runs_missing"] for r in rows),
                 "runs_lost": sum(r["run_lost"] for r in rows),
+                # Trials whose run's start the agent stored before its first boundary
+                # returned, and runs lost among them (none may be).
+                "starts_by_agent": sum(r["start_by_agent"] for r in rows if r["acked"]),
+                "runs_lost_started_by_agent": sum(
+                    r["run_lost"] for r in rows if r["start_by_agent"]
+                ),
                 "broken_chains": sum(r["broken"] for r in rows),
                 "worst_block_ms": max(r["worst_block_ms"] for r in rows),
                 # An agent that never got going (a fork of this threaded driver can
