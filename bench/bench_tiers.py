@@ -392,6 +392,7 @@ def _archive(sec: Section, cfg: Config, tmp: Path) -> None:
     sec.targets.append(Target("archive to local Parquet", rate, 100_000, "events/s", op=">="))
 
 
+@replayable.tool
 def _fetch(i: int) -> dict[str, Any]:
     return {"i": i, "rows": [1, 2, 3]}
 
@@ -421,6 +422,8 @@ def _replay_archived(sec: Section, cfg: Config, tmp: Path) -> None:
             result = replayable.replay(run_id, store=s)
             took = time.perf_counter() - t0
             assert result.status == "identical", result.divergence
+            if result.events_served != n:
+                raise RuntimeError(f"the replay served {result.events_served} of {n} events")
             return took
         finally:
             s.close()
@@ -491,7 +494,8 @@ def _s3_replay(url: str, run_id: str, tmp: Path, n: int) -> float | None:
             t0 = time.perf_counter()
             events = store.events(rid)
             took = time.perf_counter() - t0
-            assert len(events) == n
+            if len(events) != n:
+                raise RuntimeError(f"the S3-archived run read back {len(events)} of {n} events")
             return took
         finally:
             store.close()
