@@ -191,6 +191,24 @@ def epoch_space(base: str, started_at: float, erasures: Iterable[Any]) -> str:
     return tenant + _SUBJECT + epoch_subject(subject, epoch)
 
 
+def epoch_spaces(
+    rows: Sequence[tuple[str, str | None, Any, Any]], erasures_of: Callable[[str], Sequence[Any]]
+) -> dict[str, str]:
+    """Each run's key space in the epoch it started in, from ``(run id, tenant, data
+    subject as metadata holds it, started_at)`` rows; ``erasures_of(tenant)`` gives a
+    tenant's erasures (asked once per tenant). A start time that is no number (a
+    hostile row) counts as the earliest."""
+    erasures = {t: erasures_of(t) for t in {r[1] or "" for r in rows}}
+    return {
+        rid: epoch_space(
+            space(tenant, subject_text(subject)),
+            started_at if type(started_at) in (int, float) else 0.0,
+            erasures[tenant or ""],
+        )
+        for rid, tenant, subject, started_at in rows
+    }
+
+
 def epoch_subject(subject: str, epoch: int) -> str:
     """The subject column of epoch ``epoch`` of a data subject's key space ('' for a
     tenant's own); epoch 0 is the subject itself."""

@@ -46,12 +46,10 @@ from replayable.store.payloads import (
     NodeRow,
     PayloadTier,
     TierRows,
-    epoch_space,
+    epoch_spaces,
     kept_runs,
     node_digest,
-    space,
     split_space,
-    subject_text,
     tier_ref,
 )
 from replayable.store.rows import (
@@ -1461,17 +1459,10 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 chunk,
             )
         if given or stored:
-            erasures = {t: self.erasures(t) for t in {r[1] or "" for r in (*given, *stored)}}
-            for rows, keep in ((given, False), (stored, True)):
-                for rid, tenant, subject, started_at in rows:
-                    key_space = epoch_space(
-                        space(tenant, subject_text(subject)),
-                        started_at if type(started_at) in (int, float) else 0.0,
-                        erasures[tenant or ""],
-                    )
-                    found[rid] = key_space
-                    if keep:
-                        cache[rid] = key_space
+            spaces = epoch_spaces([*given, *stored], self.erasures)
+            found.update(spaces)
+            for row in stored:
+                cache[row[0]] = spaces[row[0]]
         for rid in run_ids:
             found.setdefault(rid, "")
         if len(cache) > 100_000:

@@ -44,11 +44,9 @@ from replayable.store.payloads import (
     NodeRow,
     PayloadTier,
     TierRows,
-    epoch_space,
+    epoch_spaces,
     kept_runs,
-    space,
     split_space,
-    subject_text,
 )
 from replayable.store.postgres._audit import PostgresAudit
 from replayable.store.postgres._connect import connect, parse_url, raise_store_error
@@ -666,19 +664,12 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
                 (valid,),
             )
         if given or stored:
-            erasures = {t: self.erasures(t) for t in {r[1] or "" for r in (*given, *stored)}}
+            spaces = epoch_spaces([*given, *stored], self.erasures)
+            found.update(spaces)
             if len(cache) > 100_000:
                 cache.clear()
-            for rows, keep in ((given, False), (stored, True)):
-                for rid, tenant, subject, started_at in rows:
-                    key_space = epoch_space(
-                        space(tenant, subject_text(subject)),
-                        started_at if type(started_at) in (int, float) else 0.0,
-                        erasures[tenant or ""],
-                    )
-                    found[rid] = key_space
-                    if keep:
-                        cache[rid] = key_space
+            for row in stored:
+                cache[row[0]] = spaces[row[0]]
         for rid in run_ids:
             found.setdefault(rid, self.tenant or "")
         return found
