@@ -866,6 +866,10 @@ def test_the_writer_process_ends_as_the_interpreter_would(tmp_path: Path) -> Non
 
         atexit.register(lambda: (out / "atexit").write_text("ran"))
         threading.Thread(target=late).start()
+        # An idle pool (a KMS plugin's, say): its workers stop only when told at exit.
+        from concurrent.futures import ThreadPoolExecutor
+        pool = ThreadPoolExecutor(1)
+        pool.submit(lambda: (out / "pool").write_text("done")).result()
         sys.stdout.write("buffered, not yet written")
         _child._exit(3)
         (out / "after").write_text("never")
@@ -877,4 +881,5 @@ def test_the_writer_process_ends_as_the_interpreter_would(tmp_path: Path) -> Non
     assert done.stdout == "buffered, not yet written"
     assert (tmp_path / "thread").read_text() == "joined"
     assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "pool").read_text() == "done"
     assert not (tmp_path / "after").exists()

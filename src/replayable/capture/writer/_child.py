@@ -297,10 +297,17 @@ def _exit(code: int) -> None:
     """End the process as the interpreter would, without taking its modules apart: every
     store is closed and every record committed or spooled by now, and the agent waits
     for this exit (its interpreter's clean-up took 10-25 ms)."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()
+    # The interpreter's own first step at exit: the hooks that tell thread pools to stop
+    # (a KMS plugin's executor, say), then every non-daemon thread joined. Joining
+    # without those hooks would wait forever for a pool's idle workers.
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:
+        current = threading.current_thread()
+        for thread in threading.enumerate():
+            if thread is not current and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
