@@ -135,6 +135,12 @@ def test_a_compactor_without_the_key_leaves_sealed_records_in_the_stream(
     assert depth >= 1
     monkeypatch.setattr(compactor_module, "SEALED_RETRY_S", 0.2)
     monkeypatch.setenv(ENV_DATA_KEY, _kek(2))  # a compactor started with the wrong key
+    # A reader with the wrong key says it cannot open the run's records, not part of it.
+    with (
+        open_store(url) as blind_reader,
+        pytest.raises(SealedMessageError, match="cannot be opened here"),
+    ):
+        blind_reader.events(rec.run_ids[0])
     blind = Compactor(url).run(until_idle=0.3, max_seconds=3)  # never idle: they come back
     assert blind.sealed >= depth
     assert blind.records == 0

@@ -355,7 +355,14 @@ class StreamStore(EventStore):
         for seq, body in messages:
             try:
                 held = records(body, self.cipher)
-            except (ConfigurationError, SealedMessageError) as exc:
+            except SealedMessageError as exc:
+                # Not a bad record: the run's records are there, and this process cannot
+                # open them. Showing the run without them would show part of it.
+                raise SealedMessageError(
+                    f"run {run_id} is not complete in {shown_url(self.sink_url)} and its "
+                    f"records still in stream {self.stream} cannot be opened here: {exc}"
+                ) from exc
+            except ConfigurationError as exc:
                 log.warning("replayable: stream %s message %d: %s", self.stream, seq, exc)
                 continue
             for kind, record in held:
