@@ -148,7 +148,13 @@ def _sqlite_hits(path: Path, needle: str) -> list[str]:
     finally:
         conn.close()
     for f in path.parent.iterdir():
-        if f.name.startswith(path.name) and needle.encode() in f.read_bytes():
+        if not f.name.startswith(path.name):
+            continue
+        try:
+            data = f.read_bytes()
+        except FileNotFoundError:
+            continue  # a -shm or -wal file removed as the last connection closed
+        if needle.encode() in data:
             hits.append(f"file {f.name}")
     return sorted(set(hits))
 
