@@ -883,3 +883,45 @@ def test_the_writer_process_ends_as_the_interpreter_would(tmp_path: Path) -> Non
     assert (tmp_path / "atexit").read_text() == "ran"
     assert (tmp_path / "pool").read_text() == "done"
     assert not (tmp_path / "after").exists()
+
+
+def test_a_store_removed_after_its_recording_returns_stays_removed(tmp_path: Path) -> None:
+    """Once ``recording()`` has returned with every run stored from the agent's process,
+    the writer process (still starting, given no run) never opens the store: a script
+    that removes the store's folder right after finds it still gone, not recreated
+    around the environment snapshot the recording made."""
+    folder = tmp_path / ".replayable"
+    script = textwrap.dedent(f"""
+        import os, shutil, time
+        os.environ["REPLAYABLE_WRITER"] = "process"
+        import replayable
+        from replayable.capture.writer import channel
+
+        @replayable.tool
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        @replayable.workflow("short")
+        def short() -> int:
+            return add(1, 2)
+
+        os.makedirs({str(folder)!r})
+        with replayable.recording("sqlite:///{folder}/runs.db"):
+            short()
+        print("taken back" if channel.current_channel().runs == 0 else "sent", flush=True)
+        shutil.rmtree({str(folder)!r})
+        channel.current_channel().ready.wait(30)  # the writer process is up and has read it all
+        time.sleep(1.0)
+        print(sorted(os.listdir({str(tmp_path)!r})), flush=True)
+    """)
+    seen = set()
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        how, listing = done.stdout.splitlines()
+        seen.add(how)
+        if how == "taken back":
+            assert listing == "[]", f"the store was recreated: {listing}"
+    assert "taken back" in seen  # the case this test is about happened

@@ -95,6 +95,11 @@ class ProcessWriter:
         self._lane_blobs: set[str] = set()
         self._lane_lock = threading.Lock()
         self._blobs: dict[str, bytes] = {}
+        # Blobs not yet sent to the writer process: they go just before the first start
+        # it is to store, so that a writer process given no run never opens the store
+        # (a recording whose runs are all stored here leaves nothing for it to write).
+        self._unsent: dict[str, bytes] = {}
+        self._blob_lock = threading.Lock()
         self._closing = False
         self._closed = False
         self._fallback: Writer | None = None
@@ -172,9 +177,18 @@ class ProcessWriter:
                 data = _ENCODER.encode(("S", linked))
         if data is None:
             data = _ENCODER.encode(("s", start))
+            self._send_blobs()  # the writer process stores this start and what it names
         self._open_runs[start.run_id] = data
         self._channel.count_run(self, 1)
         self._append(data)
+
+    def _send_blobs(self) -> None:
+        # Under a lock: a start sent from another thread at the same time goes after
+        # every blob this one took (the writer process stores a blob before its start).
+        with self._blob_lock:
+            unsent = self._unsent
+            while unsent:
+                self._append(unsent.popitem()[1])
 
     def _start_here(self, start: RunStart, keep: bool = False) -> RunStart | None:
         """Store a run's start from this process (with the blobs it names); unless
@@ -193,6 +207,7 @@ class ProcessWriter:
                 self._lane_blobs.add(digest)
                 _, (name, raw) = decode(data)
                 lane.blob(name, raw)
+            self._unsent.pop(digest, None)  # stored here: the writer process need not
         return lane
 
     def end(self, end: tuple[str, str, bytes | None, bytes | None, float], durable: bool) -> None:
@@ -201,7 +216,7 @@ class ProcessWriter:
             return
         start = self._open_runs.pop(end[0], None)
         if not self._open_runs and len(self._blobs) > 64:
-            self._blobs.clear()
+            self._blobs = {d: b for d, b in self._blobs.items() if d in self._unsent}
         if start is not None and not self._channel.ready.is_set() and self._take_back(end, start):
             return
         self._append(_ENCODER.encode(("x", end)))
@@ -266,9 +281,13 @@ class ProcessWriter:
     def blob(self, digest: str, data: bytes) -> None:
         encoded = _ENCODER.encode(("b", (digest, data)))
         # Blobs are few (a recording's environment snapshot) and named by their digest:
-        # kept like the starts that refer to them, and written again harmlessly.
+        # kept like the starts that refer to them, and written again harmlessly. One
+        # goes to the writer process with the next start it is to store (``start``).
         self._blobs[digest] = encoded
-        self._append(encoded)
+        if self._fallback is not None:
+            self._append(encoded)
+        else:
+            self._unsent[digest] = encoded
 
     def _durable(self) -> Writer:
         """The in-process writer of this store's durable runs.
