@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,19 @@ def decoded(value: Any) -> Iterator[bytes]:
     elif isinstance(value, list):
         for v in value:
             yield from decoded(v)
+
+
+def _bytes_of(paths: Iterable[Path]) -> bytes:
+    """The files' bytes; a ``-wal`` or ``-shm`` file removed as the last connection to its
+    database closed, between the listing and the read, held nothing."""
+    out = []
+    for p in paths:
+        try:
+            if p.is_file():
+                out.append(p.read_bytes())
+        except FileNotFoundError:
+            continue
+    return b"".join(out)
 
 
 def stored_views(store: replayable.EventStore) -> bytes:
@@ -159,7 +172,7 @@ def written(
     store = SQLiteStore(db)
     run_id = record(store, server.url)
     events = store.events(run_id)
-    while_open = b"".join(p.read_bytes() for p in tmp.glob("runs.db*"))
+    while_open = _bytes_of(tmp.glob("runs.db*"))
     views = stored_views(store)
     store.close()
     url = f"sqlite:///{db}"
@@ -183,7 +196,7 @@ def written(
         writer_for(outage, spool_dir=spool, max_block_s=0.5)
         with replayable.recording(outage, metadata=corpus.run_metadata()):
             corpus.plant_everything(server.url, corpus.run_inputs())
-        spooled = b"".join(p.read_bytes() for p in spool.rglob("*") if p.is_file())
+        spooled = _bytes_of(spool.rglob("*"))
         outage.down = False
         outage.close()
         refusing = RefusingStore(tmp / "refusing.db")
@@ -194,10 +207,10 @@ def written(
                 corpus.plant_everything(server.url, corpus.run_inputs())
             refusing.close()
         assert any("refused" in str(w.message) for w in caught), [str(w.message) for w in caught]
-        rejected = b"".join(p.read_bytes() for p in spool.rglob("*.rejected.jsonl"))
+        rejected = _bytes_of(spool.rglob("*.rejected.jsonl"))
     finally:
         settings.writer = before
-    files = b"".join(p.read_bytes() for p in tmp.rglob("*") if p.is_file())
+    files = _bytes_of(tmp.rglob("*"))
     return {
         "bytes": while_open
         + spooled
@@ -207,7 +220,7 @@ def written(
         + report.stdout.encode(),
         "spool": spooled,
         "rejected": rejected,
-        "reports": b"".join(p.read_bytes() for p in reports.rglob("*") if p.is_file()),
+        "reports": _bytes_of(reports.rglob("*")),
         "paused": paused.stdout,
         "replay": replay,
         "events": events,
