@@ -379,3 +379,46 @@ def test_sqlite_packed_read_gives_what_the_stored_read_gives(
     assert read == stored
     assert read[0][0] == events[0]
     assert read[0][5:] == events[5:]
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "where"),
+    [("events", "metadata", "seq = 2"), ("events", "name", "seq = 2"), ("runs", "metadata", "1")],
+)
+def test_invalid_utf8_in_a_text_column_is_a_bad_row_not_a_failed_read(
+    recorded: tuple[Path, str], table: str, column: str, where: str
+) -> None:
+    """Bytes that are not UTF-8 stored in a text column make that row unreadable, named
+    by run, seq and column, and every other row is still read; the sqlite3 driver's own
+    decoding failed the whole query (every reader of the run, or of the list of runs)."""
+    path, run_id = recorded
+    _raw(
+        path,
+        f"UPDATE {table} SET {column} = CAST(X'7bff22' AS TEXT) WHERE run_id = ? AND {where}",
+        (run_id,),
+    )
+    verify = _cli(path, "verify", "--all")
+    assert verify.exit_code == 1, verify.output
+    assert "Traceback" not in verify.output
+    assert "UTF-8" in verify.output, verify.output
+    runs = _cli(path, "runs")
+    assert runs.exit_code == 0, runs.output
+    assert run_id[:8] in runs.stdout
+    store = SQLiteStore(path)
+    try:
+        if table == "events":
+            events = store.events(run_id)
+            bad = [e for e in events if e.problems]
+            assert [e.seq for e in bad] == [2]
+            assert bad[0].problems[0].startswith(f"{column}: is not valid UTF-8")
+            assert len(events) >= 3
+            assert all(not e.problems for e in events if e.seq != 2)
+            show = _cli(path, "show", run_id)
+            assert show.exit_code == 0, show.output
+            assert f"seq 2 is unreadable: run {run_id}, {column}: is not valid UTF-8" in show.stdout
+        else:
+            (run,) = store.list_runs()
+            assert run.problems
+            assert run.problems[0].startswith(f"{column}: is not valid UTF-8")
+    finally:
+        store.close()

@@ -37,6 +37,7 @@ __all__ = [
     "END_COLUMNS",
     "EVENT_COLUMNS",
     "RUN_COLUMNS",
+    "UndecodableText",
     "event_from_row",
     "event_to_row",
     "events_from_columns",
@@ -44,6 +45,7 @@ __all__ = [
     "run_from_row",
     "sound_events",
     "texts_or_nulls",
+    "undecodable_text",
 ]
 
 
@@ -51,12 +53,32 @@ class _Bad(Exception):
     """A column value that is not what the column holds."""
 
 
+class UndecodableText(bytes):
+    """A text column's value whose bytes are not UTF-8, as a store read it back (the
+    database holds what it was given: a hostile or damaged row may hold anything)."""
+
+    __slots__ = ()
+
+
+def undecodable_text(data: bytes) -> str | UndecodableText:
+    """A text value's bytes as ``str``, or kept as :class:`UndecodableText` if they are
+    not UTF-8 (a driver's text factory: the row is then reported, not the whole read)."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return UndecodableText(data)
+
+
 def _type_name(v: object) -> str:
+    if type(v) is UndecodableText:
+        return "text that is not UTF-8"
     return "NULL" if v is None else type(v).__name__
 
 
 def _text(v: Any) -> str:
     if type(v) is not str:
+        if type(v) is UndecodableText:
+            raise _Bad(f"is not valid UTF-8 ({_show(bytes(v))})")
         raise _Bad(f"is {_type_name(v)}, not text")
     return v
 

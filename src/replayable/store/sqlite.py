@@ -58,6 +58,7 @@ from replayable.store.rows import (
     run_from_row,
     sound_events,
     texts_or_nulls,
+    undecodable_text,
 )
 
 __all__ = ["SQLiteStore"]
@@ -976,8 +977,21 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
     # -- reading ----------------------------------------------------------------
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        conn = self._reader()
         try:
-            return self._reader().execute(sql, params).fetchall()
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "decode to UTF-8" not in str(exc):
+                raise store_error(exc, f"reading {self.url} failed: {exc}") from exc
+            # A text value that is not UTF-8 (the driver fails the whole query on it):
+            # read again keeping such values, so that the readers name the bad row.
+            try:
+                conn.text_factory = undecodable_text
+                return conn.execute(sql, params).fetchall()
+            except sqlite3.Error as again:
+                raise store_error(again, f"reading {self.url} failed: {again}") from again
+            finally:
+                conn.text_factory = str
         except sqlite3.Error as exc:
             raise store_error(exc, f"reading {self.url} failed: {exc}") from exc
 
