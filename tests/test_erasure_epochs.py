@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
+import replayable
 from replayable.archive.erasure import erase
 from replayable.audit.actor import Actor
+from replayable.errors import ConfigurationError
 from replayable.store import verify_run
 from replayable.store.base import EventStore
 from replayable.store.crypto import (
@@ -77,6 +79,7 @@ def _record(
     n: int,
     subject: str | None,
     *,
+    tenant: str | None = None,
     started_at: float | None = None,
     personal: str = PERSONAL,
     events_from: int = 0,
@@ -85,7 +88,7 @@ def _record(
     rid = new_id(n)
     events = payload_events(rid, _payloads(n, personal))
     meta = {"data_subject": subject} if subject else {}
-    start = make_start(rid, metadata=meta, started_at=started_at or time.time())
+    start = make_start(rid, metadata=meta, started_at=started_at or time.time(), tenant=tenant)
     store.put_blob(ENV_DIGEST, ENV_SNAPSHOT)
     store.append([start], events[events_from:], [make_end(rid, events, start=start)] if end else [])
     return rid, start, events
@@ -313,3 +316,24 @@ def test_a_subject_cannot_name_another_subjects_epoch(tmp_path: Path, kek: None)
         assert epoch_space(space("", "cust-1"), time.time(), store.erasures("")) == space(
             "", "cust-1"
         )
+
+
+def test_a_tenant_cannot_name_another_tenants_subject(tmp_path: Path, kek: None) -> None:
+    """A tenant whose name holds the key-space separator is refused where tenants are
+    named (a recording, an erasure); a stored run with one (a hostile or damaged row)
+    gets a key space of its own, not subject "cust-1" of tenant "acme": erasing that
+    subject leaves it readable, and erasing it by name is refused, not done to nothing."""
+    odd_tenant = "acme\x1fcust-1"
+    assert space(odd_tenant, None) != space("acme", "cust-1")
+    assert len({space(t, None) for t in ("acme\x1fb", "\x1dacme", "acme")}) == 3
+    with pytest.raises(ConfigurationError, match=r"tenant 'acme\\x1fcust-1'.*control"):
+        replayable.recording(MemoryStore(), tenant=odd_tenant)
+    with SQLiteStore(tmp_path / "runs.db") as store:
+        subject_run, _, _ = _record(store, 1, "cust-1", tenant="acme")
+        odd_run, _, odd_events = _record(store, 2, None, tenant=odd_tenant)
+        erase(store, tenant="acme", subject="cust-1", actor=ROOT)
+        _assert_erased(store, subject_run)
+        _assert_whole(store, odd_run, odd_events)
+        with pytest.raises(ConfigurationError, match="control"):
+            erase(store, tenant=odd_tenant, actor=ROOT)
+        _assert_whole(store, odd_run, odd_events)

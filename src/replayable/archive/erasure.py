@@ -9,7 +9,13 @@ from replayable.audit.access import log_reads
 from replayable.audit.actor import Actor
 from replayable.errors import AccessDeniedError, ConfigurationError
 from replayable.store.base import EventStore
-from replayable.store.payloads import epoch_subject, erasure_times, space, split_space
+from replayable.store.payloads import (
+    check_tenant,
+    epoch_subject,
+    erasure_times,
+    space,
+    split_space,
+)
 
 __all__ = ["Erasure", "erase"]
 
@@ -44,6 +50,7 @@ def erase(
         raise ConfigurationError("erase needs --tenant or --subject (or both)")
     if subject is not None and not subject:
         raise ConfigurationError("--subject must not be empty")
+    check_tenant(tenant, "erase")
     who = actor or Actor.current(store)
     if who.role != "admin":
         raise AccessDeniedError(

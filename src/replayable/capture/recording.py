@@ -27,6 +27,7 @@ from replayable.errors import ConfigurationError, StoreUnavailableError
 from replayable.events.codec import UnencodableError, encode_error
 from replayable.events.model import RunStart
 from replayable.store import DEFAULT_STORE_URL, EventStore, open_store
+from replayable.store.payloads import check_tenant
 
 __all__ = ["Durability", "Recording"]
 
@@ -81,6 +82,7 @@ class Recording(Session):
             raise ConfigurationError(
                 f"durability must be 'buffered' or 'durable', not {durability!r}"
             )
+        check_tenant(tenant, "recording()")
         self.store = _open(store, on_store_failure)
         self.metadata = dict(metadata or {})
         self.tenant = tenant

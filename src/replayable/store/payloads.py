@@ -52,6 +52,7 @@ import msgspec
 import orjson
 import zstandard
 
+from replayable.errors import ConfigurationError
 from replayable.events.canonical import payload_digest
 from replayable.events.model import (
     SEALED_EVENT_VERSION,
@@ -72,6 +73,7 @@ __all__ = [
     "TierBackend",
     "TierRows",
     "TierStats",
+    "check_tenant",
     "kept_runs",
     "node_digest",
     "prefix_hash",
@@ -127,13 +129,28 @@ def space(tenant: str | None, subject: str | None) -> str:
     """The key space a run's payloads are stored in: its tenant ('' for none), and its
     data subject when the recording names one (each subject has blobs and keys of its
     own, so erasing one subject's payloads leaves everyone else's readable)."""
+    tenant = tenant or ""
+    if _SUBJECT in tenant or tenant[:1] == _ESCAPED:
+        # Refused where tenants are named (see :func:`check_tenant`); a stored row with
+        # one still gets a space of its own, never another tenant's subject.
+        tenant = _ESCAPED + tenant.encode("utf-8", "surrogatepass").hex()
     if not subject:
-        return tenant or ""
+        return tenant
     if _SUBJECT in subject or _EPOCH in subject or subject[0] == _ESCAPED:
         # The separators of a key space never come from a subject's own text (one
         # subject must not name another's epoch): such a subject goes by its hex.
         subject = _ESCAPED + subject.encode("utf-8", "surrogatepass").hex()
-    return f"{tenant or ''}{_SUBJECT}{subject}"
+    return f"{tenant}{_SUBJECT}{subject}"
+
+
+def check_tenant(tenant: str | None, where: str) -> None:
+    """Refuse a tenant name holding a control character (the separators of key spaces
+    among them): names are printable text, shown and typed by people."""
+    if tenant is not None and any(c < " " or c == "\x7f" for c in tenant):
+        raise ConfigurationError(
+            f"{where}: tenant {tenant!r} holds a control character; a tenant's name must "
+            "be printable text"
+        )
 
 
 def split_space(text: str) -> tuple[str, str]:

@@ -39,6 +39,7 @@ import psycopg
 from psycopg import sql
 
 from replayable.errors import ConfigurationError
+from replayable.store.payloads import check_tenant
 
 __all__ = ["V2_TENANCY", "grant_tenant", "list_members", "revoke_tenant", "tenant_policy"]
 
@@ -169,6 +170,7 @@ def grant_tenant(
     Granting again replaces the right (``write=False`` takes writing back).
     psycopg errors (a refusal for a non-admin) are left to the caller to translate.
     """
+    check_tenant(tenant, "grant-tenant")
     _check_role(conn, role)
     conn.execute(
         sql.SQL(
