@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 import replayable
 from replayable.archive.erasure import erase
 from replayable.audit.actor import Actor
-from replayable.errors import ConfigurationError
+from replayable.errors import ConfigurationError, StoreError
 from replayable.store import verify_run
 from replayable.store.base import EventStore
 from replayable.store.crypto import (
@@ -337,3 +338,70 @@ def test_a_tenant_cannot_name_another_tenants_subject(tmp_path: Path, kek: None)
         with pytest.raises(ConfigurationError, match="control"):
             erase(store, tenant=odd_tenant, actor=ROOT)
         _assert_whole(store, odd_run, odd_events)
+
+
+def _erase_with_second_epoch_failing(store: EventStore, tenant: str | None) -> None:
+    """Erase subject cust-1 (two epochs: one erasure before) and expect it to fail on the
+    second epoch's record; the first epoch's keys must still be there."""
+    with pytest.raises(StoreError, match="epoch 1 refused"):
+        erase(store, tenant=tenant, subject="cust-1", actor=ROOT)
+
+
+def test_a_subject_erasure_that_fails_part_way_destroys_nothing(tmp_path: Path, kek: None) -> None:
+    """A subject's epochs are erased in one transaction: a failure on the last epoch (a
+    disk, a refusal) leaves every epoch's keys as they were and no erasure recorded, not
+    the old runs unreadable and the newest still readable with the command failed."""
+    path = tmp_path / "runs.db"
+    with SQLiteStore(path) as store:
+        first, _, _ = _record(store, 1, "cust-1")
+        erase(store, subject="cust-1", actor=ROOT)
+        second, _, second_events = _record(store, 2, "cust-1")
+        before = store.erasures("")
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TRIGGER fail_epoch_1 BEFORE INSERT ON erasures WHEN NEW.subject = "
+        "'cust-1' || char(30) || '1' BEGIN SELECT RAISE(ABORT, 'epoch 1 refused'); END"
+    )
+    conn.commit()
+    conn.close()
+    with SQLiteStore(path) as store:
+        _erase_with_second_epoch_failing(store, None)
+        assert store.erasures("") == before
+        _assert_whole(store, second, second_events)
+        _assert_erased(store, first)
+        # Put right, the same command finishes the job.
+        sqlite3.connect(path, isolation_level=None).execute("DROP TRIGGER fail_epoch_1")
+        erase(store, subject="cust-1", actor=ROOT)
+        _assert_erased(store, second)
+
+
+@pytest.mark.slow
+def test_a_postgres_subject_erasure_that_fails_part_way_destroys_nothing(
+    world: World,
+) -> None:
+    with world.store(world.writer) as w:
+        _record(w, 1, "cust-1")
+    with world.store(world.maint) as m:
+        erase(m, tenant="A", subject="cust-1", actor=ROOT)
+    with world.store(world.writer) as w:
+        second, _, second_events = _record(w, 2, "cust-1")
+    with world.pg.connect() as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE FUNCTION {}.fail_epoch_1() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN IF NEW.subject = 'cust-1' || chr(30) || '1' THEN "
+                "RAISE EXCEPTION 'epoch 1 refused'; END IF; RETURN NEW; END $$"
+            ).format(sql.Identifier(world.schema))
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER fail_epoch_1 BEFORE INSERT ON {}.erasures "
+                "FOR EACH ROW EXECUTE FUNCTION {}.fail_epoch_1()"
+            ).format(sql.Identifier(world.schema), sql.Identifier(world.schema))
+        )
+    with world.store(world.maint) as m:
+        before = m.erasures("A")
+        _erase_with_second_epoch_failing(m, "A")
+        assert m.erasures("A") == before
+    with world.store(world.writer) as w:
+        _assert_whole(w, second, second_events)

@@ -60,16 +60,15 @@ def erase(
     at = time.time()
     key_tenant = tenant or ""
     if subject is None:
-        ids = store.erase_keys(key_tenant, None, who.login, at)
+        ids: list[str] = store.erase_keys(key_tenant, None, who.login, at)
     else:
         # The subject's key space, and each epoch of it that an earlier erasure began
         # (see :func:`replayable.store.payloads.epoch_space`), at one time.
         base = space(key_tenant, subject)
         stored = split_space(base)[1]  # the subject as key spaces spell it
         epochs = len(erasure_times(store.erasures(key_tenant), base))
-        ids = []
-        for n in range(epochs + 1):
-            ids += store.erase_keys(key_tenant, epoch_subject(stored, n), who.login, at)
+        subjects = [epoch_subject(stored, n) for n in range(epochs + 1)]
+        ids = store.erase_keys(key_tenant, subjects, who.login, at)
     store.forget_payloads()
     what = "subject " + subject if subject is not None else "tenant"
     log_reads(

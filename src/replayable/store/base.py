@@ -247,9 +247,13 @@ class EventStore(AuditStore, ABC):
         """Store wrapped data keys (a key id wrapped again is a new row)."""
 
     @abstractmethod
-    def erase_keys(self, tenant: str, subject: str | None, by: str, at: float) -> list[str]:
-        """Destroy the data keys of a tenant (all its subjects) or one subject and record
-        the erasure (maintenance only); returns the key ids destroyed."""
+    def erase_keys(
+        self, tenant: str, subjects: Sequence[str] | None, by: str, at: float
+    ) -> list[str]:
+        """Destroy the data keys of a tenant (``subjects`` ``None``: all its subjects) or
+        of the subjects named (a data subject and each epoch of its key space), all or
+        none, and record an erasure for each (maintenance only); returns the key ids
+        destroyed."""
 
     @abstractmethod
     def erasures(self, tenant: str) -> list[ErasureRow]:

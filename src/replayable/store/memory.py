@@ -251,18 +251,23 @@ class MemoryStore(MemoryAudit, EventStore):
             for r in rows:
                 self._keys.setdefault((r.tenant, r.subject, r.key_id, r.kek_id), r)
 
-    def erase_keys(self, tenant: str, subject: str | None, by: str, at: float) -> list[str]:
+    def erase_keys(
+        self, tenant: str, subjects: Sequence[str] | None, by: str, at: float
+    ) -> list[str]:
+        out: list[str] = []
         with self._lock:
-            gone = [
-                k
-                for k, r in self._keys.items()
-                if r.tenant == tenant and (subject is None or r.subject == subject)
-            ]
-            ids = sorted({self._keys[k].key_id for k in gone})
-            for k in gone:
-                del self._keys[k]
-            self._erasures.append(ErasureRow(tenant, subject, at, by, tuple(ids)))
-        return ids
+            for subject in [None] if subjects is None else subjects:
+                gone = [
+                    k
+                    for k, r in self._keys.items()
+                    if r.tenant == tenant and (subject is None or r.subject == subject)
+                ]
+                ids = sorted({self._keys[k].key_id for k in gone})
+                for k in gone:
+                    del self._keys[k]
+                self._erasures.append(ErasureRow(tenant, subject, at, by, tuple(ids)))
+                out += ids
+        return out
 
     def erasures(self, tenant: str) -> list[ErasureRow]:
         with self._lock:

@@ -1576,34 +1576,42 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
             except sqlite3.Error as exc:
                 raise store_error(exc, f"writing a data key to {self.url} failed: {exc}") from exc
 
-    def erase_keys(self, tenant: str, subject: str | None, by: str, at: float) -> list[str]:
-        """Destroy the data keys of a tenant (every subject) or of one subject, and record
-        it. The file's owner is the maintenance role of an SQLite store."""
-        where, params = "tenant = ?", [tenant]
-        if subject is not None:
-            where += " AND subject = ?"
-            params.append(subject)
+    def erase_keys(
+        self, tenant: str, subjects: Sequence[str] | None, by: str, at: float
+    ) -> list[str]:
+        """Destroy the data keys of a tenant (every subject) or of the subjects named, in
+        one transaction, and record it. The file's owner is the maintenance role of an
+        SQLite store."""
+        out: list[str] = []
         with self._write_lock:
             c = self._conn
             try:
                 # Overwrite the deleted bytes on disk, not only unlink them from the tree.
                 c.execute("PRAGMA secure_delete = ON")
                 c.execute("BEGIN IMMEDIATE")
-                ids = sorted(
-                    {
-                        str(r[0])
-                        for r in c.execute(f"SELECT key_id FROM data_keys WHERE {where}", params)
-                    }
-                )
                 c.execute("DROP TRIGGER data_keys_no_delete")
-                c.execute(f"DELETE FROM data_keys WHERE {where}", params)
+                for subject in [None] if subjects is None else subjects:
+                    where, params = "tenant = ?", [tenant]
+                    if subject is not None:
+                        where += " AND subject = ?"
+                        params.append(subject)
+                    ids = sorted(
+                        {
+                            str(r[0])
+                            for r in c.execute(
+                                f"SELECT key_id FROM data_keys WHERE {where}", params
+                            )
+                        }
+                    )
+                    c.execute(f"DELETE FROM data_keys WHERE {where}", params)
+                    c.execute(
+                        "INSERT INTO erasures VALUES (?, ?, ?, ?, ?, ?)",
+                        (str(uuid.uuid4()), tenant, subject, at, by, orjson.dumps(ids).decode()),
+                    )
+                    out += ids
                 c.execute(
                     "CREATE TRIGGER data_keys_no_delete BEFORE DELETE ON data_keys BEGIN "
                     "SELECT RAISE(ABORT, 'replayable: data_keys is append-only'); END"
-                )
-                c.execute(
-                    "INSERT INTO erasures VALUES (?, ?, ?, ?, ?, ?)",
-                    (str(uuid.uuid4()), tenant, subject, at, by, orjson.dumps(ids).decode()),
                 )
                 c.execute("COMMIT")
                 if not self._memory:
@@ -1614,7 +1622,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
                 raise store_error(exc, f"erasing data keys in {self.url} failed: {exc}") from exc
             finally:
                 c.execute("PRAGMA secure_delete = OFF")
-        return ids
+        return out
 
     def erasures(self, tenant: str) -> list[ErasureRow]:
         rows = self._query(

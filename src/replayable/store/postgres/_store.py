@@ -758,19 +758,25 @@ class PostgresStore(PostgresAudit, TierReads, EventStore):
             except psycopg.Error as exc:
                 raise_store_error(exc, self.target, "writing a data key")
 
-    def erase_keys(self, tenant: str, subject: str | None, by: str, at: float) -> list[str]:
-        """Through ``erase_data_keys``: the maintenance role's, recorded under its login
-        (``by`` is not trusted here: the database names the session user)."""
+    def erase_keys(
+        self, tenant: str, subjects: Sequence[str] | None, by: str, at: float
+    ) -> list[str]:
+        """Through ``erase_data_keys``, once per subject in one transaction: the
+        maintenance role's, recorded under its login (``by`` is not trusted here: the
+        database names the session user)."""
+        out: list[str] = []
         with self._write_lock:
+            conn = self._conn(write=True)
             try:
-                row = (
-                    self._conn(write=True)
-                    .execute("SELECT erase_data_keys(%s, %s, %s)", (tenant, subject, at))
-                    .fetchone()
-                )
+                with conn.transaction():
+                    for subject in [None] if subjects is None else subjects:
+                        row = conn.execute(
+                            "SELECT erase_data_keys(%s, %s, %s)", (tenant, subject, at)
+                        ).fetchone()
+                        out += list(row[0]) if row else []
             except psycopg.Error as exc:
                 raise_store_error(exc, self.target, "erasing data keys")
-        return list(row[0]) if row else []
+        return out
 
     def erasures(self, tenant: str) -> list[ErasureRow]:
         rows = self.query(
