@@ -17,7 +17,12 @@ import pytest
 
 from replayable.audit import Actor, AuditReader, verify_annotations
 from replayable.audit.annotations import AnnotationSet, annotate_run, new_id
-from replayable.errors import AccessDeniedError, AppendOnlyError, ConfigurationError
+from replayable.errors import (
+    AccessDeniedError,
+    AppendOnlyError,
+    ConfigurationError,
+    UnreadableRecordError,
+)
 from replayable.events.audit import AnomalyFlag, annotation_hash
 from replayable.events.chain import ChainKey
 from replayable.store import EventStore, MemoryStore
@@ -353,6 +358,39 @@ def test_verify_names_a_tampered_annotation(tmp_path: Path, change: str, reason:
         assert not report.ok
         assert reason in report.reason
         assert report.first_bad in {m.annotation_id for m in made}
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "what"),
+    [("note", "CAST(X'6eff' AS TEXT)", "not valid UTF-8"), ("closes", "'[oops'", "not valid JSON")],
+)
+def test_an_unreadable_annotation_is_named_not_a_crash(
+    tmp_path: Path, column: str, value: str, what: str
+) -> None:
+    """A stored annotation whose column holds what it cannot (bytes that are not UTF-8,
+    JSON that does not parse) fails verify naming the annotation and the column; every
+    reader of the run's annotations says the same instead of a TypeError or a decoder's
+    error."""
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path)
+    rid = recorded(store)
+    made = [annotate_run(store, ANALYST, rid, verdict="violation", note=f"n{i}") for i in range(3)]
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TRIGGER annotations_no_update")
+    conn.execute(f"UPDATE annotations SET {column} = {value} WHERE chain_index = 1")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    try:
+        report = verify_annotations(store, rid)
+        assert not report.ok
+        assert made[1].annotation_id in report.reason
+        assert f"column {column} is {what}" in report.reason
+        with pytest.raises(UnreadableRecordError, match=f"column {column} is {what}"):
+            store.annotations(rid)
     finally:
         store.close()
 

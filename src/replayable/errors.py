@@ -55,6 +55,7 @@ __all__ = [
     "StoreError",
     "StoreRefusedError",
     "StoreUnavailableError",
+    "UnreadableRecordError",
     "UntrustedRecordError",
 ]
 
@@ -121,6 +122,12 @@ class AccessDeniedError(StoreRefusedError, PermissionError):
     Raised by the library's own role check and, on PostgreSQL, when the
     database refuses the login the privilege.
     """
+
+
+class UnreadableRecordError(StoreRefusedError):
+    """A stored audit record (an annotation, an access-log entry, a flag) holds a value
+    its column cannot: text that is not UTF-8, JSON that does not parse. The message
+    names the record and the column; reading it again gives the same answer."""
 
 
 class RunNotFoundError(StoreError, LookupError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replayable.errors import UnreadableRecordError
 from replayable.events.audit import annotation_genesis, annotation_hash
 from replayable.store.base import EventStore
 from replayable.store.integrity import Integrity
@@ -47,7 +48,10 @@ def verify_annotations(
     """
     integrity = integrity or Integrity.from_env()
     configured = integrity.current_key() is not None
-    chain = store.annotations(run_id)
+    try:
+        chain = store.annotations(run_id)
+    except UnreadableRecordError as exc:
+        return AnnotationChainReport(run_id, False, 0, None, f"unreadable: {exc}")
     prev: str | None = None
     seen: set[str] = set()
     for position, a in enumerate(chain):

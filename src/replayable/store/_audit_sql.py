@@ -14,7 +14,9 @@ from typing import Any, Final, TypeVar
 import msgspec
 import orjson
 
+from replayable.errors import UnreadableRecordError
 from replayable.events.audit import AccessEntry, Annotation, AnomalyFlag
+from replayable.store.rows import UndecodableText
 
 __all__ = [
     "CLOSERS_SQL",
@@ -69,11 +71,26 @@ def to_row(record: Annotation | AccessEntry | AnomalyFlag) -> tuple[Any, ...]:
     )
 
 
+def _named(kind: type[Record], row: Sequence[Any]) -> str:
+    """The stored record a row holds, as a reader's error names it (kind and id)."""
+    return f"stored {kind.__name__} {row[0]!r:.60}"
+
+
 def from_row(kind: type[Record], row: Sequence[Any]) -> Record:
     """A record from a row in :func:`columns` order (SQLite's 0/1 read as booleans)."""
     values = dict(zip(kind.__struct_fields__, row, strict=True))
+    for f, v in values.items():
+        if type(v) is UndecodableText:
+            raise UnreadableRecordError(
+                f"{_named(kind, row)}: column {f} is not valid UTF-8 ({bytes(v)!r:.60})"
+            )
     for f in _JSON[kind]:
-        value = orjson.loads(values[f])
+        try:
+            value = orjson.loads(values[f])
+        except orjson.JSONDecodeError as exc:
+            raise UnreadableRecordError(
+                f"{_named(kind, row)}: column {f} is not valid JSON ({exc})"
+            ) from None
         values[f] = tuple(value) if f in _TUPLES else value
     if kind is Annotation:
         values["retract"] = bool(values["retract"])

@@ -92,7 +92,9 @@ class SQLiteAudit:
     _conn: sqlite3.Connection
     _write_lock: threading.Lock
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    def _query(
+        self, sql: str, params: Sequence[Any] = (), *, undecodable: bool = False
+    ) -> list[Any]:
         raise NotImplementedError  # pragma: no cover - SQLiteStore provides it
 
     def _select_runs(self) -> str:
@@ -123,7 +125,9 @@ class SQLiteAudit:
 
     def annotations(self, run_id: str) -> list[Annotation]:
         rows = self._query(
-            f"SELECT {_ANN_COLS} FROM annotations WHERE run_id = ? ORDER BY chain_index", (run_id,)
+            f"SELECT {_ANN_COLS} FROM annotations WHERE run_id = ? ORDER BY chain_index",
+            (run_id,),
+            undecodable=True,
         )
         return [from_row(Annotation, r) for r in rows]
 
@@ -132,6 +136,7 @@ class SQLiteAudit:
             f"SELECT {_ANN_COLS} FROM annotations WHERE run_id = ? "
             "ORDER BY chain_index DESC LIMIT 1",
             (run_id,),
+            undecodable=True,
         )
         return from_row(Annotation, rows[0]) if rows else None
 
@@ -156,7 +161,8 @@ class SQLiteAudit:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return [from_row(AccessEntry, r) for r in reversed(self._query(sql, params))]
+        rows = self._query(sql, params, undecodable=True)
+        return [from_row(AccessEntry, r) for r in reversed(rows)]
 
     def append_flags(self, flags: Sequence[AnomalyFlag], scanned: Sequence[str]) -> None:
         import time
@@ -179,7 +185,7 @@ class SQLiteAudit:
     ) -> list[AnomalyFlag]:
         where, params = flag_where(run_id, rule, since, "?")
         sql = f"SELECT {_FLAG_COLS} FROM anomaly_flags{where_sql(where)} ORDER BY rowid"
-        return [from_row(AnomalyFlag, r) for r in self._query(sql, params)]
+        return [from_row(AnomalyFlag, r) for r in self._query(sql, params, undecodable=True)]
 
     def _joined_runs(self, runs: list[Run]) -> list[Run]:
         """Runs with the values the payload tier keeps put back (the store's own)."""
@@ -204,7 +210,8 @@ class SQLiteAudit:
             + " AND ".join(where)
             + " ORDER BY r.started_at, r.run_id LIMIT ?"
         )
-        return self._joined_runs([run_from_row(r) for r in self._query(sql, [*params, limit])])
+        rows = self._query(sql, [*params, limit], undecodable=True)
+        return self._joined_runs([run_from_row(r) for r in rows])
 
     def events_of(self, run_ids: Sequence[str]) -> dict[str, list[Event]]:
         from replayable.store.sqlite import _EVENT_SELECT

@@ -976,12 +976,18 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
 
     # -- reading ----------------------------------------------------------------
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    def _query(
+        self, sql: str, params: Sequence[Any] = (), *, undecodable: bool = False
+    ) -> list[Any]:
+        """The rows ``sql`` selects. With ``undecodable``, for readers that name a bad
+        row and go on (runs, events, audit records), a text value that is not UTF-8 comes
+        back as :class:`~replayable.store.rows.UndecodableText`; otherwise, and by the
+        sqlite3 module's default, it fails the whole query."""
         conn = self._reader()
         try:
             return conn.execute(sql, params).fetchall()
         except sqlite3.OperationalError as exc:
-            if "decode to UTF-8" not in str(exc):
+            if not undecodable or "decode to UTF-8" not in str(exc):
                 raise store_error(exc, f"reading {self.url} failed: {exc}") from exc
             # A text value that is not UTF-8 (the driver fails the whole query on it):
             # read again keeping such values, so that the readers name the bad row.
@@ -1000,7 +1006,7 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         return bytes(rows[0][0]) if rows else None
 
     def get_run(self, run_id: str) -> Run:
-        rows = self._query(self._select_runs() + " WHERE r.run_id = ?", (run_id,))
+        rows = self._query(self._select_runs() + " WHERE r.run_id = ?", (run_id,), undecodable=True)
         if not rows:
             raise RunNotFoundError(f"no run {run_id!r} in {self.url}")
         return self._joined_runs([run_from_row(rows[0])])[0]
@@ -1050,7 +1056,8 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         if f.limit is not None:
             sql += " LIMIT ?"
             params.append(f.limit)
-        return self._joined_runs([run_from_row(row) for row in self._query(sql, params)])
+        rows = self._query(sql, params, undecodable=True)
+        return self._joined_runs([run_from_row(row) for row in rows])
 
     def events(self, run_id: str) -> list[Event]:
         cold = self._archived_one(run_id)
@@ -1365,7 +1372,9 @@ class SQLiteStore(SQLiteAudit, TierReads, EventStore):
         (``where`` starts with ``WHERE run_id = ?``)."""
         read = self._packed_events(where, params)
         if read is None:
-            rows = self._query(f"SELECT {_EVENT_STORED} FROM events {where}", params)
+            rows = self._query(
+                f"SELECT {_EVENT_STORED} FROM events {where}", params, undecodable=True
+            )
             columns = _text_columns(rows, self._site_texts)
             read = events_from_columns(columns[:20]), columns[20], columns[21], columns[11]
         events, request_refs, response_refs, errors = read
