@@ -682,3 +682,38 @@ def test_a_key_split_across_anthropic_stream_events_is_redacted_consistently() -
     assert out["assembled"]["content"][0]["text"] == f"use {REDACTED} for the call"
     for part in (TEXT_KEY, TEXT_KEY[:12], TEXT_KEY[-12:]):
         assert part.encode() not in r.redact_bytes(payload)
+
+
+def test_fragments_a_match_may_hide_are_found_as_by_their_definition() -> None:
+    """The prefilter's table of fragments one match may hide (inside it, or begun by its
+    end) is the pairwise definition's, on the built-in fragments and on random ones."""
+    import random
+
+    from replayable.events import redaction
+
+    def by_definition(fragments: tuple[str, ...]) -> dict[str, frozenset[str]]:
+        frags = list(dict.fromkeys(fragments))
+        return {
+            f: frozenset(
+                g
+                for g in frags
+                if g != f and (g in f or any(f.endswith(g[:n]) for n in range(1, len(g))))
+            )
+            for f in frags
+        }
+
+    builtin = tuple(
+        f.decode()
+        for f in redaction.Redactor()._dispatch  # the fragments it was built on
+    )
+    assert len(builtin) > 50
+    rng = random.Random(7)
+    cases = [builtin] + [
+        tuple(
+            "".join(rng.choice("abc") for _ in range(rng.randint(1, 6)))
+            for _ in range(rng.randint(1, 12))
+        )
+        for _ in range(300)
+    ]
+    for fragments in cases:
+        assert redaction._hides.__wrapped__(fragments) == by_definition(fragments), fragments

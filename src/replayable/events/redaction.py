@@ -141,13 +141,22 @@ def _hides(fragments: tuple[str, ...]) -> dict[str, frozenset[str]]:
     """For each fragment, the fragments a match of it may hide from ``findall`` (which does
     not overlap its matches): those inside it, and those its end may begin."""
     frags = list(dict.fromkeys(fragments))
+    # Each fragment's proper prefixes, and which fragments begin with each: a fragment
+    # ``f`` reaches ``g`` through its end where one of ``f``'s suffixes is such a prefix
+    # of ``g``. A lookup per suffix, not a comparison per pair (the writer builds this at
+    # start-up, for a few hundred fragments).
+    starting: dict[str, list[str]] = {}
+    for g in frags:
+        for n in range(1, len(g)):
+            starting.setdefault(g[:n], []).append(g)
+    longest = max((len(g) for g in frags), default=0)
     out: dict[str, frozenset[str]] = {}
     for f in frags:
-        out[f] = frozenset(
-            g
-            for g in frags
-            if g != f and (g in f or any(f.endswith(g[:n]) for n in range(1, len(g))))
-        )
+        found = {g for g in frags if g != f and g in f}
+        for n in range(1, min(len(f), longest - 1) + 1):
+            found.update(starting.get(f[-n:], ()))
+        found.discard(f)
+        out[f] = frozenset(found)
     return out
 
 
