@@ -210,3 +210,52 @@ def test_deeply_nested_tuples_replay(memory_store: MemoryStore) -> None:
     result = replayable.replay(rec.run_ids[0], store=memory_store, fn=walk)
     assert result.status == "identical", result.divergence
     assert result.output == value
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"metadata": {1: "a"}}, "metadata: key 1 is int, not text"),
+        ({"metadata": {"team": {"x": {2: 3}}}}, "metadata.team.x: key 2 is int, not text"),
+        ({"metadata": {"s": {3}}}, "metadata.s is set"),
+        ({"metadata": {"n": float("nan")}}, "metadata.n is nan"),
+        ({"metadata": {"big": 10**40}}, "metadata.big is an integer outside 64 bits"),
+        ({"context": {"flags": [object()]}}, "metadata.context.flags[0] is object"),
+    ],
+)
+def test_metadata_that_is_not_json_is_refused_where_it_is_given(
+    tmp_path: Any, given: dict[str, Any], named: str
+) -> None:
+    """Run metadata (and ``context``) is stored as JSON: a key that is not text or a value
+    JSON has no exact form for is refused by ``recording()``, naming where it is, before
+    anything runs. It was accepted, and every run of the recording then went to the
+    rejected spool with a warning (the writer process died on it first)."""
+    with pytest.raises(replayable.ConfigurationError) as caught:
+        replayable.recording(SQLiteStore(tmp_path / "runs.db"), **given)
+    assert named in str(caught.value)
+
+
+def test_workflow_metadata_that_is_not_json_is_refused_at_decoration() -> None:
+    with pytest.raises(replayable.ConfigurationError, match=r"metadata: key 1 is int"):
+
+        @replayable.workflow("odd", metadata={1: "a"})
+        def odd() -> int:
+            return 1
+
+
+def test_json_metadata_is_stored_as_given(tmp_path: Any) -> None:
+    """Tuples are JSON arrays; nested objects, unicode keys and 64-bit integers keep."""
+    store = SQLiteStore(tmp_path / "runs.db")
+    meta = {"t": (1, 2), "nested": {"é": [True, None, 2**63 - 1, -1.5]}}
+    with replayable.recording(store, metadata=meta) as rec:
+        _plain_workflow()
+    (run,) = store.list_runs()
+    assert run.run_id == rec.run_ids[0]
+    assert run.metadata["t"] == [1, 2]
+    assert run.metadata["nested"] == {"é": [True, None, 2**63 - 1, -1.5]}
+    store.close()
+
+
+@replayable.workflow("plain.meta")
+def _plain_workflow() -> int:
+    return 1

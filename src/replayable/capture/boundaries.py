@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar, overload
 
+from replayable.capture._metadata import json_metadata
 from replayable.capture.context import _STATE, State, install_task_factory
 from replayable.capture.runtime import Call, WorkflowInfo, call_site, intercept_http
 
@@ -59,6 +60,7 @@ def workflow(
     called from inside another run it becomes a child run; elsewhere it just runs."""
     if callable(name):
         return workflow(None)(name)
+    checked = json_metadata(metadata, "@workflow metadata")
 
     def decorate(fn: F) -> F:
         # From here on, HTTP clients and SDKs are intercepted whenever they are imported.
@@ -68,7 +70,7 @@ def workflow(
             entrypoint=f"{fn.__module__}:{fn.__qualname__}",
             fn=fn,
             is_async=inspect.iscoroutinefunction(fn),
-            metadata=dict(metadata or {}),
+            metadata=dict(checked),
         )
         if wf.is_async:
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
+from replayable.capture._metadata import json_metadata
 from replayable.capture.config import settings
 from replayable.capture.context import _STATE, Lineage, State, install_task_factory
 from replayable.capture.environment import code_fingerprint, environment_snapshot
@@ -84,12 +85,12 @@ class Recording(Session):
             )
         check_tenant(tenant, "recording()")
         self.store = _open(store, on_store_failure)
-        self.metadata = dict(metadata or {})
+        self.metadata = json_metadata(metadata, "metadata")
         self.tenant = tenant
         self.durability = durability
         self.durable = durability == "durable"
         self.env_vars = (*settings.env_vars, *env_vars)
-        self.lineage = dict(lineage or {})
+        self.lineage = json_metadata(lineage, "lineage")
         self.run_ids: list[str] = []
         self.all_run_ids: list[str] = []
         self._env_hash: str | None = None
