@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -925,3 +926,47 @@ def test_a_store_removed_after_its_recording_returns_stays_removed(tmp_path: Pat
         if how == "taken back":
             assert listing == "[]", f"the store was recreated: {listing}"
     assert "taken back" in seen  # the case this test is about happened
+
+
+def test_a_record_the_writer_process_cannot_build_is_refused_not_fatal(
+    process_writer: None, tmp_path: Path
+) -> None:
+    """A hand-off the writer process cannot turn into a record (a run start whose
+    metadata holds a key that is not text, here given past ``recording()``'s check) is
+    kept in the rejects file with a warning; the writer process stays up and stores the
+    next run. It died on it, and every store it served fell back to writing in-process."""
+    import msgspec
+
+    from replayable.capture.writer.spool import rejects_path
+    from replayable.events.model import RunStart
+
+    store = replayable.open_store(f"sqlite:///{tmp_path}/r.db")
+    spool = tmp_path / "spool"
+    try:
+        writer = writer_for(store, spool_dir=spool)
+        assert isinstance(writer, ProcessWriter)
+        writer._channel.ready.wait(30)
+        with replayable.recording(store) as rec:
+            agents.research("before")
+        good = store.get_run(rec.run_ids[0])
+        bad = msgspec.structs.replace(good.start, run_id=str(uuid.uuid4()), metadata={1: "a"})
+        assert isinstance(bad, RunStart)
+        writer.start(bad)
+        writer.flush(30)
+        # Kept, with the warning the same call gives (on the writer process's stderr,
+        # which is whatever the agent's stderr was when it started).
+        rejects = rejects_path(spool, store.url)
+        deadline = time.monotonic() + 10
+        while not rejects.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kept = rejects.read_text()
+        assert bad.run_id in kept
+        assert '"1":"a"' in kept
+        assert writer._channel.dead is None
+        assert writer._fallback is None
+        with replayable.recording(store) as rec:
+            agents.research("after")
+        assert store.get_run(rec.run_ids[0]).status == "completed"
+        assert writer._fallback is None
+    finally:
+        store.close()

@@ -282,6 +282,17 @@ class Writer:
             self._queue.append((_END, end, None))
             self._wake.set()
 
+    def refuse(self, kind: str, record: Any, error: Exception) -> None:
+        """Keep a hand-off that is not a record at all (see ``handoff.apply``) as the
+        store's refusals are kept: in the rejects file, with a warning naming it."""
+        try:
+            self._refusals.report([(kind, record, error)])
+        except Exception as exc:  # the record may not even encode for the rejects file
+            warn(
+                f"replayable: {self.store.url} refused a record ({type(error).__name__}: "
+                f"{error}); it could not be kept ({type(exc).__name__}: {exc})"
+            )
+
     def blob(self, digest: str, data: bytes) -> None:
         self._queue.append((_BLOB, (digest, data), None))
 

@@ -50,15 +50,24 @@ def plain(pending: PendingEvent) -> tuple[Any, ...]:
 
 
 def apply(writer: Writer, kind: str, item: Any, durable: bool = False) -> None:
-    """Hand one decoded record to an in-process writer."""
+    """Hand one decoded record to an in-process writer. One that is not the record its
+    kind says (a run start whose metadata no store can hold, say) is refused like a
+    record the store refuses: kept in the rejects file, with a warning; it never stops
+    the records after it."""
     from replayable.events.model import RunStart
 
-    if kind == "e":
+    if kind == "s" or kind == "S":
+        try:
+            start = msgspec.convert(item, RunStart)
+        except msgspec.ValidationError as exc:
+            writer.refuse(kind.lower(), item, exc)
+            return
+        if kind == "s":
+            writer.start(start, durable)
+        else:
+            writer.known_start(start)
+    elif kind == "e":
         writer.event(tuple(item), durable)
-    elif kind == "s":
-        writer.start(msgspec.convert(item, RunStart), durable)
-    elif kind == "S":
-        writer.known_start(msgspec.convert(item, RunStart))
     elif kind == "x":
         writer.end(tuple(item), durable)
     elif kind == "b":

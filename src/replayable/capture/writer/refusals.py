@@ -119,7 +119,10 @@ class Refusals:
             except OSError as exc:
                 where = f"; they could not be kept ({exc})"
         kind, record, error = refused[0]
-        first = f"{getattr(record, 'run_id', '')}#{getattr(record, 'seq', kind)}"
+        if isinstance(record, dict):  # a hand-off that never became a record
+            first = f"{record.get('run_id', '')}#{kind}"
+        else:
+            first = f"{getattr(record, 'run_id', '')}#{getattr(record, 'seq', kind)}"
         warn(
             f"replayable: {self.store.url} refused {len(refused)} record(s), the first "
             f"{first}: {type(error).__name__}: {error}{where}"
