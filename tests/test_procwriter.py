@@ -970,3 +970,73 @@ def test_a_record_the_writer_process_cannot_build_is_refused_not_fatal(
         assert writer._fallback is None
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("stopped_first", [False, True])
+def test_a_writer_process_killed_while_behind_loses_nothing_the_agent_sent(
+    process_writer: None, tmp_path: Path, stopped_first: bool
+) -> None:
+    """Records sent to the writer process stay held in the agent's process until it says
+    they are kept; killed while behind (records in the pipe and in its queue), those
+    go to the in-process writer, which skips what it had stored: the run holds every
+    event, its chain intact. It lost them (a gap of thousands of events in a run read
+    "completed", said only by ``verify``)."""
+    import signal
+
+    store = replayable.open_store(f"sqlite:///{tmp_path}/k.db")
+
+    @replayable.tool
+    def step(i: int) -> dict[str, object]:
+        return {"i": i, "body": "y" * 300}
+
+    @replayable.workflow("killed.behind")
+    def run(n: int, kill_at: int) -> int:
+        for i in range(n):
+            step(i)
+            if i == kill_at:
+                proc = writer._channel.proc
+                if stopped_first:
+                    os.kill(proc.pid, signal.SIGSTOP)  # it takes nothing more in
+                    for j in range(3000):
+                        step(-j)
+                os.kill(proc.pid, signal.SIGKILL)
+        return n
+
+    try:
+        writer = writer_for(store)
+        assert isinstance(writer, ProcessWriter)
+        assert writer._channel.ready.wait(30)
+        with replayable.recording(store) as rec:
+            run(20_000, 12_000)
+        assert writer._fallback is not None  # it did die, and the rest went in-process
+        run_id = rec.run_ids[0]
+        stored = store.events(run_id)
+        expected = 20_000 + (3000 if stopped_first else 0)
+        assert [e.seq for e in stored] == list(range(1, expected + 1))
+        assert store.get_run(run_id).end.event_count == expected  # type: ignore[union-attr]
+        assert replayable.verify_run(store, run_id).ok
+    finally:
+        store.close()
+
+
+def test_records_the_writer_process_has_kept_are_let_go(
+    process_writer: None, tmp_path: Path
+) -> None:
+    """The agent's process holds sent records only until the writer process says they
+    are kept: after a long recording, next to nothing is held."""
+    store = replayable.open_store(f"sqlite:///{tmp_path}/h.db")
+    try:
+        writer = writer_for(store)
+        assert isinstance(writer, ProcessWriter)
+        assert writer._channel.ready.wait(30)
+        with replayable.recording(store):
+            agents.research("long")
+            for _ in range(30):
+                agents.research("again")
+        assert writer._sent > 30
+        deadline = time.monotonic() + 10
+        while writer._unkept and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not writer._unkept
+    finally:
+        store.close()

@@ -187,6 +187,26 @@ def keep_deadline(
         priority.want("late", late)
 
 
+#: How often the writer process tells the agent's process how far each store's records
+#: are kept (committed, spooled or refused).
+KEPT_EVERY_S = 0.05
+
+
+def report_kept(writers: dict[int, tuple[Writer, LazyStore]]) -> None:
+    """Tell the agent's process, as news (ticket 0), how many of each store's records
+    are kept: it holds on to the records it sent until then, and if this process dies
+    it hands them to its in-process writer (which skips what this one stored), so that
+    a writer process killed while behind loses nothing the agent's process still has."""
+    told: dict[int, int] = {}
+    while True:
+        time.sleep(KEPT_EVERY_S)
+        for sid, (writer, _) in list(writers.items()):
+            noted = writer.noted
+            if noted > told.get(sid, 0):
+                told[sid] = noted
+                _say(f"0 {sid} kept {noted}\n")
+
+
 def main() -> int:
     nice = _lower_priority(sys.argv)
     # Everything imported so far lives as long as the process: keep it out of the
@@ -203,6 +223,12 @@ def main() -> int:
     stdin = sys.stdin.buffer
     _say("0 ready\n")  # up: the agent's process stops storing run starts itself
     writers: dict[int, tuple[Writer, LazyStore]] = {}
+    #: Records received for each store, of every kind (the agent's process counts them
+    #: the same way).
+    received: dict[int, int] = {}
+    threading.Thread(
+        target=report_kept, args=(writers,), name="replayable-kept", daemon=True
+    ).start()
     priority = Priority(nice)
     if nice:
         threading.Thread(
@@ -255,6 +281,11 @@ def main() -> int:
                     apply(writer, kind, item)
             if events and writer is not None:
                 writer.events(events)
+            received[sid] = received.get(sid, 0) + len(records) - 1
+            if writer is not None and not close:
+                # Once everything before it is kept, the agent's process may let go of
+                # this store's records up to here (see ``report_kept``).
+                writer.note(received[sid])
             if not (tickets or close or queries):
                 continue
             error = ""

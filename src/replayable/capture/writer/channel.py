@@ -138,11 +138,18 @@ class Channel:
                 if buf:
                     # Slice, then delete: hot paths append concurrently, and both
                     # operations are atomic, so no record can fall between them. Under
-                    # the lock a run ending before the child is up is taken back under.
+                    # the lock a run ending before the child is up is taken back under,
+                    # and the in-process writer takes over under (then they are its).
                     with writer._drain_lock:
-                        n = len(buf)
-                        records = buf[:n]
-                        del buf[:n]
+                        if writer._fallback is None:
+                            n = len(buf)
+                            records = buf[:n]
+                            del buf[:n]
+                            # Held until the writer process says they are kept (see
+                            # ``ProcessWriter.kept``): if it dies first, they go to the
+                            # in-process writer.
+                            writer._sent += n
+                            writer._unkept.append((writer._sent, records))
                 if n:
                     # A msgpack array is its header followed by its items, already
                     # encoded: the store's number, then its records.
@@ -218,7 +225,9 @@ class Channel:
         writer = self.writers.get(int(sid_text)) if sid_text.isdigit() else None
         if writer is None:
             return
-        if state == "down":
+        if state == "kept":
+            writer.kept(int(message))
+        elif state == "down":
             writer.last_error = StoreError(message)
             warn(message)
         else:

@@ -67,7 +67,7 @@ __all__ = ["PendingEvent", "Writer", "default_spool_dir"]
 
 log = logging.getLogger("replayable.writer")
 
-_EVENT, _START, _END, _BLOB, _MARK, _KNOWN, _BULK = range(7)
+_EVENT, _START, _END, _BLOB, _MARK, _KNOWN, _BULK, _NOTE = range(8)
 #: A batch whose persisting has begun: (batch, its raw records, the committer's job
 #: or ``None``, the outcome so far).
 _Started = tuple[Batch, list[tuple[int, Any, Waiter | None]], Job | None, Exception | None]
@@ -120,6 +120,9 @@ class Writer:
         self._work = threading.Lock()
         self._closed = False
         self.last_error: BaseException | None = None
+        #: The value of the last :meth:`note` reached: everything handed off before it
+        #: is committed, spooled or refused.
+        self.noted: int = 0
         #: When the oldest record still waiting arrived (``events`` only; the writer
         #: process raises its priority while this is older than its deadline).
         self.waiting_since: float | None = None
@@ -295,6 +298,13 @@ class Writer:
 
     def blob(self, digest: str, data: bytes) -> None:
         self._queue.append((_BLOB, (digest, data), None))
+
+    def note(self, value: int) -> None:
+        """Mark the place after everything handed off so far: :attr:`noted` becomes
+        ``value`` once all of it is committed, spooled or refused. Unlike a flush it
+        neither waits nor makes the batch durable (the writer process tells the agent's
+        process how far it has kept its records, see ``ProcessWriter``)."""
+        self._queue.append((_NOTE, value, None))
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything handed off so far is committed (or, fail-open, spooled)."""
@@ -603,6 +613,7 @@ class Writer:
         outage = self._outage
         if outage.backlogged():
             outage.hold(batch, outage.down or StoreError(f"{self.store.url} is unavailable"))
+            self._reached(raw)
             return None
         # A durable caller writing its own batch commits it itself where the store
         # bounds its waits (no blobs: those go one call each, on the committer), unless
@@ -635,16 +646,26 @@ class Writer:
         if error is None:
             outage.succeeded()
             batch.resolve(None)
+            self._reached(raw)
             return
         if is_permanent(error):
             error = self._refusals.split(batch, error)
             if error is None:
                 outage.succeeded()
+                self._reached(raw)
                 return
         outage.failed(error)
         if self.on_store_failure == "raise" and batch.owned and batch.prior is not None:
             batch = self._as_refused(batch, raw, error)
         outage.hold(batch, error)
+        self._reached(raw)
+
+    def _reached(self, raw: list[tuple[int, Any, Waiter | None]]) -> None:
+        """A batch is settled: the last note among its records is reached."""
+        for kind, item, _ in reversed(raw):
+            if kind == _NOTE:
+                self.noted = item
+                return
 
     def _as_refused(
         self, batch: Batch, raw: list[tuple[int, Any, Waiter | None]], error: Exception
@@ -699,6 +720,8 @@ class Writer:
         for kind, item, waiter in raw:
             if kind == _BULK:
                 data.events.extend(linker.events(item, chains, clean, clean_ids, refuse))
+                continue
+            if kind == _NOTE:
                 continue
             if kind == _EVENT and waiter is None:
                 # The bulk of a batch: buffered events, built with nothing else to settle.

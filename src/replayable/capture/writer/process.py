@@ -14,8 +14,11 @@ redaction, chains, group commit, the outage spool, all of it.
 Durable records and flushes wait for the child's acknowledgement, which it
 sends once the batch holding them is committed (or spooled, fail-open). If
 the agent's process is killed, the child still commits what it had received.
-If the child dies, every store falls back to an in-process ``Writer`` for what
-follows and fails the waiters it could not confirm. Until the child says it is
+If the child dies, every store falls back to an in-process ``Writer``: for what
+follows, and for what the child was sent but had not said it kept (committed,
+spooled or refused; it says so every 50 ms), which the agent's process holds on to
+until then. The in-process writer skips what the child stored, so a child killed
+while behind loses nothing the agent's process handed it. Until the child says it is
 up (its start-up takes 0.1 s idle, up to 1 s on a loaded machine), a run's
 start is stored from the agent's process before the run's first boundary
 returns, so that a kill of both in that window leaves the run listed; the
@@ -33,6 +36,7 @@ always use the in-process writer.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -104,6 +108,11 @@ class ProcessWriter:
         self._closed = False
         self._fallback: Writer | None = None
         self._drain_lock = threading.Lock()
+        # Records sent to the writer process and not yet kept there (committed, spooled
+        # or refused), with the count sent up to each frame's end: if it dies, they go
+        # to the in-process writer, which skips what it stored (see ``kept``).
+        self._sent = 0
+        self._unkept: collections.deque[tuple[int, list[bytes]]] = collections.deque()
         #: Runs whose start went to the writer process (not taken back, see ``end``):
         #: while there are none, it holds nothing this store waits for.
         self._child_runs = 0
@@ -339,6 +348,7 @@ class ProcessWriter:
                 time.sleep(0.005)
             fallback = self._fallback
             if fallback is not None:
+                self._drain()  # after it has been handed all it takes over (see below)
                 fallback.flush(max(0.0, deadline - time.monotonic()) or bound)
                 return
         raise StoreError(f"writing to {self.store.url} failed: {waiter.outcome}")
@@ -358,10 +368,21 @@ class ProcessWriter:
         if self._lane is not None:
             self._lane.flush(bound)
         if self._fallback is not None:
+            # Under the drain lock, which ``_fall_back`` holds while it hands the
+            # in-process writer what the writer process may not have kept: a flush
+            # queued before that is done would not wait for the rest of it.
+            self._drain()
             self._fallback.flush(bound)
             return
         if self._child_runs:
             self._send_and_wait(None, bound)
+
+    def kept(self, count: int) -> None:
+        """The writer process has kept this store's first ``count`` records: they need
+        not be held any longer (called by the thread reading its answers)."""
+        unkept = self._unkept
+        while unkept and unkept[0][0] <= count:
+            unkept.popleft()
 
     # -- the writer process ended -------------------------------------------------------
 
@@ -389,6 +410,12 @@ class ProcessWriter:
             for data in (*self._blobs.values(), *self._open_runs.values()):
                 kind, item = decode(data)
                 apply(fallback, kind, item)
+            # Then what it was sent and may not have kept (a start, event or end it
+            # stored is recognised by the in-process writer and not written twice).
+            while self._unkept:
+                for data in self._unkept.popleft()[1]:
+                    kind, item = decode(data)
+                    apply(fallback, kind, item)
         # Everything else, now and later, goes through the buffer to the fallback.
         self._drain()
 
@@ -498,6 +525,7 @@ class ProcessWriter:
             self._closing = True
             self._channel.wake.set()
             if self._fallback is not None:
+                self._drain()  # everything it takes over handed to it first
                 self._fallback.close()
             if self._lane is not None:
                 self._lane.close()
