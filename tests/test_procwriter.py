@@ -1040,3 +1040,40 @@ def test_records_the_writer_process_has_kept_are_let_go(
         assert not writer._unkept
     finally:
         store.close()
+
+
+def test_the_records_held_for_the_writer_process_are_bounded(
+    process_writer: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``MAX_UNKEPT_BYTES`` sent and not yet kept, the forwarder sends no more until
+    the writer process catches up: the agent's process holds a bounded amount, and the
+    recording still stores everything."""
+    from replayable.capture.writer import process
+
+    monkeypatch.setattr(process, "MAX_UNKEPT_BYTES", 1)
+    store = replayable.open_store(f"sqlite:///{tmp_path}/b.db")
+    held: list[int] = []
+
+    @replayable.tool
+    def step(i: int) -> int:
+        if i % 250 == 0:
+            held.append(len(writer._unkept))
+        return i
+
+    @replayable.workflow("bounded")
+    def run(n: int) -> int:
+        for i in range(n):
+            step(i)
+        return n
+
+    try:
+        writer = writer_for(store)
+        assert isinstance(writer, ProcessWriter)
+        assert writer._channel.ready.wait(30)
+        with replayable.recording(store) as rec:
+            run(5000)
+        assert max(held) <= 1, held  # one frame out at a time
+        assert [e.seq for e in store.events(rec.run_ids[0])] == list(range(1, 5001))
+        assert replayable.verify_run(store, rec.run_ids[0]).ok
+    finally:
+        store.close()

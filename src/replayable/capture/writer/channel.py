@@ -135,7 +135,7 @@ class Channel:
             for sid, writer in list(self.writers.items()):
                 buf = writer._buf
                 n = 0
-                if buf:
+                if buf and writer.may_send():
                     # Slice, then delete: hot paths append concurrently, and both
                     # operations are atomic, so no record can fall between them. Under
                     # the lock a run ending before the child is up is taken back under,
@@ -148,8 +148,10 @@ class Channel:
                             # Held until the writer process says they are kept (see
                             # ``ProcessWriter.kept``): if it dies first, they go to the
                             # in-process writer.
+                            size = sum(map(len, records))
                             writer._sent += n
-                            writer._unkept.append((writer._sent, records))
+                            writer._sent_bytes += size
+                            writer._unkept.append((writer._sent, records, size))
                 if n:
                     # A msgpack array is its header followed by its items, already
                     # encoded: the store's number, then its records.

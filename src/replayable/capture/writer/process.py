@@ -65,6 +65,10 @@ log = logging.getLogger("replayable.writer")
 
 #: Records one store may have waiting for the forwarder before the hot path waits too.
 MAX_QUEUED = 65_536
+#: Bytes of records one store may have sent and not yet seen kept by the writer process
+#: (which the agent's process holds meanwhile) before the forwarder stops sending more:
+#: then they wait in the buffer, and beyond ``MAX_QUEUED`` the hot path waits.
+MAX_UNKEPT_BYTES = 64 << 20
 
 
 class ProcessWriter:
@@ -112,7 +116,11 @@ class ProcessWriter:
         # or refused), with the count sent up to each frame's end: if it dies, they go
         # to the in-process writer, which skips what it stored (see ``kept``).
         self._sent = 0
-        self._unkept: collections.deque[tuple[int, list[bytes]]] = collections.deque()
+        self._unkept: collections.deque[tuple[int, list[bytes], int]] = collections.deque()
+        # Their bytes, sent (by the forwarder) and kept (by the answer reader): one
+        # counter per thread.
+        self._sent_bytes = 0
+        self._kept_bytes = 0
         #: Runs whose start went to the writer process (not taken back, see ``end``):
         #: while there are none, it holds nothing this store waits for.
         self._child_runs = 0
@@ -381,8 +389,16 @@ class ProcessWriter:
         """The writer process has kept this store's first ``count`` records: they need
         not be held any longer (called by the thread reading its answers)."""
         unkept = self._unkept
+        let_go = False
         while unkept and unkept[0][0] <= count:
-            unkept.popleft()
+            self._kept_bytes += unkept.popleft()[2]
+            let_go = True
+        if let_go and self._buf:
+            self._channel.wake.set()  # the forwarder may have been held back by them
+
+    def may_send(self) -> bool:
+        """Whether the forwarder may send more (see ``MAX_UNKEPT_BYTES``)."""
+        return self._sent_bytes - self._kept_bytes < MAX_UNKEPT_BYTES
 
     # -- the writer process ended -------------------------------------------------------
 
