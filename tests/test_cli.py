@@ -584,3 +584,38 @@ def test_replay_strict_stops_at_the_divergence(store, url, monkeypatch):
     assert "diverged" in result.stdout
     assert "alpha (revised)" in result.stdout
     assert "Traceback" not in result.output
+
+
+HOSTILE = "[green]spoof[/green]\x1b[31mRED\x07\rOVER\x9b2J"
+
+
+@replayable.tool
+def _hostile_tool(x: str) -> dict[str, str]:
+    return {"msg": HOSTILE}
+
+
+@replayable.workflow(HOSTILE)
+def _hostile_workflow() -> dict[str, str]:
+    return _hostile_tool(HOSTILE)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_recorded_text_cannot_style_or_drive_the_terminal(
+    store: replayable.EventStore, url: str, terminal: bool
+) -> None:
+    """A recorded name or value (a workflow's name, a tool's result, metadata: text an
+    agent, its inputs or a hostile row chose) is shown as text: Rich markup in it is
+    not applied and its control characters (escape sequences, bell, carriage return,
+    8-bit CSI) reach the terminal as visible escapes. Markup in a workflow's name made
+    `runs` and `show` print it styled, and an escape sequence in it reached the
+    terminal as it was (so a stored run could fake or hide what an auditor reads)."""
+    run_id = record(store, _hostile_workflow, note=HOSTILE)
+    env = {"FORCE_COLOR": "1", "TERM": "xterm-256color"} if terminal else {}
+    for args in (("runs",), ("show", run_id), ("runs", "--workflow", HOSTILE)):
+        result = cli(url, *args, env=env)
+        assert result.exit_code == 0, result.output
+        out = result.output
+        assert "[green]spoof[/green]" in out, out
+        for raw in ("\x07", "\r", "\x9b", "\x1b[31mRED"):
+            assert raw not in out, (args, raw, out)
+        assert "\\x1b[31mRED" in out

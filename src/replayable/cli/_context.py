@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Iterable
 from typing import Any, Final
 
 import typer
 from rich.console import Console
+from rich.segment import Segment
 from typer.core import TyperGroup
 
 from replayable.errors import ReplayableError
@@ -22,6 +25,7 @@ __all__ = [
     "piped",
     "state",
     "stdout",
+    "visible",
     "whole_stdout",
 ]
 
@@ -61,9 +65,47 @@ def state(ctx: typer.Context) -> CliState:
     return obj
 
 
+#: Control characters but tab and newline: C0, DEL and C1 (an 8-bit CSI among them).
+_CONTROL: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _escaped(m: re.Match[str]) -> str:
+    return f"\\x{ord(m.group()):02x}"
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters written out (``\\x1b``): recorded text (a
+    workflow's name, a tool's result, metadata, a stored row) is shown, never sent to
+    the terminal as an escape sequence, a bell or a carriage return."""
+    return _CONTROL.sub(_escaped, text) if _CONTROL.search(text) else text
+
+
+class SafeConsole(Console):
+    """A console that shows text as text: no Rich markup is read in it (this CLI styles
+    with ``Style`` and ``Text``, never markup, so a ``[green]`` in a recorded value is
+    printed as it is) and control characters are written out (see :func:`visible`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("markup", False)
+        super().__init__(**kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        return super().render_str(visible(text), **kwargs)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        # The last guard, for text that reached a renderable some other way (a ``Text``
+        # built from a value): before the styles' own escape sequences are added.
+        return super()._render_buffer(
+            seg
+            if seg.control or not _CONTROL.search(seg.text)
+            else seg._replace(text=visible(seg.text))
+            for seg in buffer
+        )
+
+
 def stdout() -> Console:
     """A console on the current stdout (looked up per call so test runners can capture it)."""
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    return SafeConsole(file=sys.stdout, highlight=False, soft_wrap=False)
 
 
 #: Width of the console for output that is not a terminal: wide enough that no
@@ -79,13 +121,13 @@ def piped() -> bool:
 def whole_stdout() -> Console:
     """Like :func:`stdout`, but when piped as wide as needed, so nothing is cut."""
     if piped():
-        return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
+        return SafeConsole(file=sys.stdout, highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
     return stdout()
 
 
 def fail(message: str) -> typer.Exit:
     """Print ``error: message`` as one line on stderr and return the exit to raise."""
-    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    typer.echo(f"error: {visible(' '.join(message.split()))}", err=True)
     return typer.Exit(EXIT_ERROR)
 
 

@@ -11,7 +11,7 @@ from rich.progress import Progress
 from rich.text import Text
 
 from replayable.audit.verify import AnnotationChainReport, verify_annotations
-from replayable.cli._context import fail, piped, state, stdout, whole_stdout
+from replayable.cli._context import fail, piped, state, stdout, visible, whole_stdout
 from replayable.cli._options import parse_meta, parse_status, parse_when
 from replayable.cli.audit import (
     AsUser,
@@ -95,7 +95,7 @@ def runs(
     elif piped():
         # A pipe gets every value whole, one run per line, tab-separated.
         for row in runs_rows(found, counts):
-            typer.echo("\t".join(row))
+            typer.echo(visible("\t".join(row)))
     else:
         stdout().print(runs_table(found, counts, full=full))
     if total > len(found):
@@ -118,7 +118,7 @@ def runs(
 
 def _warn_line(message: str, *, err: bool) -> None:
     if err:
-        typer.echo(f"⚠ {message}", err=True)
+        typer.echo(f"⚠ {visible(message)}", err=True)
     else:
         stdout().print(Text.assemble(("⚠ ", "yellow"), (message, "yellow")))
 

@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from replayable.cli._context import fail, stdout
+from replayable.cli._context import fail, stdout, visible
 from replayable.cli._overrides import check_overrides
 from replayable.cli._replay import agent_paths
 from replayable.cli.audit import AsUser, Purpose, RoleOpt, reader
@@ -271,7 +271,7 @@ def replay(
         )
     except ReplayError as exc:
         # One line and its own exit code: the replay never started.
-        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        typer.echo(f"error: {visible(' '.join(str(exc).split()))}", err=True)
         raise typer.Exit(EXIT_NOT_STARTED) from None
     except ReplayDivergenceError as exc:
         if as_json:

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from replayable.audit.rules import AnomalyConfig, registry
 from replayable.audit.scan import Scanner, ScanResult
-from replayable.cli._context import state, stdout
+from replayable.cli._context import state, stdout, visible
 from replayable.cli._options import parse_when
 from replayable.cli.audit import AsUser, Purpose, RoleOpt, reader
 
@@ -128,7 +128,7 @@ def scan(
         elif result.runs or not follow:
             out.print(_summary(result), markup=False)
         for run_id, name, message in result.errors:
-            typer.echo(f"warning: rule {name} failed on run {run_id}: {message}", err=True)
+            typer.echo(visible(f"warning: rule {name} failed on run {run_id}: {message}"), err=True)
 
     when = parse_when(since, "--since")
     if not follow:

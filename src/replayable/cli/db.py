@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from replayable.cli._context import state, stdout
+from replayable.cli._context import state, stdout, visible
 from replayable.errors import ConfigurationError, StoreError
 from replayable.store import DEFAULT_STORE_URL, open_store, postgres_store_class
 
@@ -166,7 +166,7 @@ def tenants(ctx: typer.Context) -> None:
     with _admin_connection(url, "listing tenants") as (conn, target):
         rows = list_members(conn, target.schema)
     for member, tenant, can_write in rows:
-        typer.echo(f"{member}\t{tenant}\t{'write' if can_write else 'read'}")
+        typer.echo(visible(f"{member}\t{tenant}\t{'write' if can_write else 'read'}"))
     if not rows:
         typer.echo("no tenant granted yet", err=True)
 
