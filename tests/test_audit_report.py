@@ -207,3 +207,38 @@ def test_cli_report_as_pdf_renders_its_first_page(tmp_path: Path) -> None:
     assert f"Audit report: run {rid}" in " ".join(text.split())
     assert "empty_data_decision" in text
     assert "<script>alert(" in text  # printed as text, never run
+
+
+MD_HOSTILE = "a` ![t](https://evil.example/x.png) [click](https://evil.example) <b>x</b> **b** `"
+
+
+def test_markdown_shows_recorded_text_as_text() -> None:
+    """Recorded names, metadata, notes and purposes in the Markdown report render as the
+    text they are: no link, image, HTML or emphasis comes from them in a Markdown viewer.
+    A backtick in a workflow's name ended its code span, so a stored run could put a
+    tracking image or a link into the report an auditor opens."""
+    from markdown_it import MarkdownIt
+
+    store = MemoryStore()
+    rid = record(
+        store,
+        [tool(MD_HOSTILE, {"q": MD_HOSTILE}, {"a": 1})],
+        workflow=MD_HOSTILE,
+        metadata={"k": MD_HOSTILE},
+    )
+    annotate_run(store, ANALYST, rid, step=1, verdict="concern", note=MD_HOSTILE)
+    text = to_markdown(build_report(AuditReader(store, AUDITOR, purpose=MD_HOSTILE), rid))
+    kinds: set[str] = set()
+
+    def walk(tokens: list) -> None:  # type: ignore[type-arg]
+        for t in tokens:
+            kinds.add(t.type)
+            if t.children:
+                walk(t.children)
+
+    walk(MarkdownIt("commonmark").parse(text))
+    assert not kinds & {"image", "link_open", "html_inline", "html_block"}, kinds
+    # The report's own emphasis is there; none from the recorded text.
+    rendered = MarkdownIt("commonmark").render(text)
+    assert "<strong>b</strong>" not in rendered
+    assert "evil.example" in rendered  # shown, as text

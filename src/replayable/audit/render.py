@@ -47,40 +47,67 @@ def _max_backticks(text: str) -> int:
     return best
 
 
-def _md_cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+#: What CommonMark reads as markup inside a line (these values never start one): each
+#: is written with a backslash.
+_MD_SPECIAL = frozenset("\\`*_[]<>!|~&")
+
+
+def _md_text(text: Any) -> str:
+    """Recorded text (a name, a note, a purpose) as Markdown that shows it as it is: no
+    emphasis, link, image, HTML or heading can come from it, and it stays on one line."""
+    out = []
+    for ch in " ".join(str(text).split()):
+        if ch in _MD_SPECIAL:
+            out.append("\\" + ch)
+        elif ch < " " or "\x7f" <= ch <= "\x9f":
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _md_code(text: Any) -> str:
+    """Recorded text in a code span, delimited by more backticks than it holds (one line)."""
+    value = " ".join(str(text).split())
+    ticks = "`" * (_max_backticks(value) + 1)
+    pad = " " if value.startswith("`") or value.endswith("`") or not value.strip() else ""
+    return f"{ticks}{pad}{value}{pad}{ticks}"
+
+
+_md_cell = _md_text
 
 
 def to_markdown(r: dict[str, Any]) -> str:
     """The report as Markdown."""
     run, chain, lin = r["run"], r["chain"], r["lineage"]
     out = [
-        f"# Audit report: run {run['run_id']}",
+        f"# Audit report: run {_md_text(run['run_id'])}",
         "",
-        f"- Workflow: `{run['workflow']}` ({run['entrypoint']}), status **{run['status']}**",
+        f"- Workflow: {_md_code(run['workflow'])} ({_md_text(run['entrypoint'])}), "
+        f"status **{_md_text(run['status'])}**",
         f"- Started: {_when(run['started_at'])}; ended: {_when(run['ended_at'])}",
-        f"- Metadata: `{orjson.dumps(run['metadata']).decode()}`",
+        f"- Metadata: {_md_code(orjson.dumps(run['metadata']).decode())}",
         f"- Hash chain: {chain['message']}; {chain['seal']}",
     ]
     notes_chain = chain.get("annotations", {})
     if "message" in notes_chain:
         out.append(f"- Annotation chain: {notes_chain['message']}")
     if r.get("query"):
-        out.append(f"- Query: `{r['query']}`")
+        out.append(f"- Query: {_md_code(r['query'])}")
     by = r["generated_by"]
     out.append(
-        f"- Generated {_when(r['generated_at'])} by {by['user']} ({by['role']})"
-        + (f" for: {by['purpose']}" if by.get("purpose") else "")
+        f"- Generated {_when(r['generated_at'])} by {_md_text(by['user'])} ({by['role']})"
+        + (f" for: {_md_text(by['purpose'])}" if by.get("purpose") else "")
     )
     out += [
         "",
         "## Lineage",
         "",
-        f"- Parent: {lin['parent_run_id'] or '—'}"
+        f"- Parent: {_md_text(lin['parent_run_id'] or '—')}"
         + (f" (step {lin['parent_seq']})" if lin["parent_seq"] else ""),
-        f"- Root: {lin['root_run_id']}",
-        f"- Children: {', '.join(lin['children']) or '—'}",
-        f"- Lineage: `{orjson.dumps(lin['lineage']).decode()}`",
+        f"- Root: {_md_text(lin['root_run_id'])}",
+        f"- Children: {_md_text(', '.join(lin['children']) or '—')}",
+        f"- Lineage: {_md_code(orjson.dumps(lin['lineage']).decode())}",
         "",
         "## Timeline",
         "",
@@ -98,7 +125,7 @@ def to_markdown(r: dict[str, Any]) -> str:
     if not shown:
         out.append("(none: no step matched, was flagged or was annotated)")
     for e in shown:
-        out += [f"### Step {e['seq']}: {e['kind']} `{_md_cell(e['name'])}`", "", "Request:", ""]
+        out += [f"### Step {e['seq']}: {e['kind']} {_md_code(e['name'])}", "", "Request:", ""]
         out += [_fence(_json(e["request"])), ""]
         label, value = (
             ("Error", e["error"]) if e["error"] is not None else ("Response", e["response"])
@@ -113,8 +140,9 @@ def to_markdown(r: dict[str, Any]) -> str:
     for f in r["flags"] if not reason else []:
         state = "open" if f["open"] else f"closed by {f['closed_by']}"
         out.append(
-            f"- **{f['rule']}** at steps {', '.join(map(str, f['steps'])) or '—'}, "
-            f"score {f['score']:g}, {state}: `{orjson.dumps(f['evidence']).decode()}`"
+            f"- **{_md_text(f['rule'])}** at steps {', '.join(map(str, f['steps'])) or '—'}, "
+            f"score {f['score']:g}, {_md_text(state)}: "
+            f"{_md_code(orjson.dumps(f['evidence']).decode())}"
         )
     out += ["", "## Annotations", ""]
     reason = _unavailable(r["annotations"])
@@ -129,8 +157,9 @@ def to_markdown(r: dict[str, Any]) -> str:
         extra = f", amends {a['amends']}" if a["amends"] else ""
         policy = f", policy {a['policy']}" if a["policy"] else ""
         out.append(
-            f"- **{verdict}** on {where} by {a['author']} ({a['role']}), {_when(a['created_at'])}"
-            f"{policy}{extra} [{state}]: {_md_cell(a['note'])}"
+            f"- **{_md_text(verdict)}** on {where} by {_md_text(a['author'])} ({a['role']}), "
+            f"{_when(a['created_at'])}{_md_text(policy + extra)} \\[{state}\\]: "
+            f"{_md_text(a['note'])}"
         )
     out += ["", "## Access log", ""]
     log = r["access_log"]
@@ -138,14 +167,14 @@ def to_markdown(r: dict[str, Any]) -> str:
     if reason:
         out.append(f"(not available: {reason})")
     else:
-        readers = ", ".join(f"{k} ×{v}" for k, v in log["readers"].items()) or "—"
+        readers = ", ".join(f"{_md_text(k)} ×{v}" for k, v in log["readers"].items()) or "—"
         out.append(f"- {log['reads']} read(s) of this run by {readers}")
         out.append(f"- First {_when(log['first_at'])}, last {_when(log['last_at'])}")
         for e in log["recent"]:
-            purpose = f" for {e['purpose']}" if e["purpose"] else ""
+            purpose = f" for {_md_text(e['purpose'])}" if e["purpose"] else ""
             out.append(
-                f"  - {_when(e['at'])} {e['user']} ({e['role']}) via {e['channel']}"
-                f"{purpose}: {', '.join(e['what'])}"
+                f"  - {_when(e['at'])} {_md_text(e['user'])} ({e['role']}) via "
+                f"{_md_text(e['channel'])}{purpose}: {_md_text(', '.join(e['what']))}"
             )
     return "\n".join(out) + "\n"
 
@@ -289,7 +318,7 @@ def to_html(r: dict[str, Any]) -> str:
     if reason:
         parts.append(f'<p class="dim">Not available: {_e(reason)}</p>')
     else:
-        readers = ", ".join(f"{k} ×{v}" for k, v in log["readers"].items()) or "—"
+        readers = ", ".join(f"{_md_text(k)} ×{v}" for k, v in log["readers"].items()) or "—"
         parts.append(f"<p>{log['reads']} read(s) of this run by {_e(readers)}.</p>")
         parts.append(
             "<table><tr><th>when</th><th>who</th><th>via</th><th>what</th><th>purpose</th></tr>"
