@@ -372,3 +372,23 @@ def test_package_versions_read_as_importlib_reads_them(tmp_path: Path) -> None:
         (info / "METADATA").write_text(text)
         dist = importlib.metadata.PathDistribution(info)
         assert environment._name_version(dist) == (dist.name, dist.version)
+
+
+def test_a_recording_never_entered_says_so_when_it_is_dropped() -> None:
+    """``rec = replayable.recording(...)`` without ``with`` records nothing (workflows
+    called then just run): the recording says so with a warning once it is dropped,
+    instead of leaving a script that believes it recorded. An entered one says nothing."""
+    import gc
+    import warnings
+
+    def forgotten() -> None:
+        replayable.recording("memory://")  # created, never entered, dropped
+
+    with pytest.warns(RuntimeWarning, match="never entered, so nothing was recorded"):
+        forgotten()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with replayable.recording("memory://") as used:
+            pass
+        del used
+        gc.collect()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal
@@ -101,10 +102,24 @@ class Recording(Session):
             max_block_s=max_block_s,
             spool_dir=spool_dir,
         )
+        #: Whether the recording was ever entered (``with``): one that never was
+        #: recorded nothing, and says so when it is collected (see ``__del__``). A
+        #: replay's live session is one too, used without ``with``.
+        self._entered = type(self) is not Recording
+
+    def __del__(self) -> None:
+        if getattr(self, "_entered", True) is False:
+            warnings.warn(
+                "a replayable.recording() was created and never entered, so nothing was "
+                "recorded: use it as `with replayable.recording(...):` around the calls",
+                RuntimeWarning,
+                stacklevel=1,
+            )
 
     # -- context manager ------------------------------------------------------
 
     def __enter__(self) -> Recording:
+        self._entered = True
         intercept_http()
         self._tokens.append(_STATE.set(State(self, None, Lineage())))
         return self
