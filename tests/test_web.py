@@ -889,3 +889,40 @@ async def test_a_filter_that_reads_only_the_newest_runs_says_so(
     assert f"Only the newest {total - 1} runs were searched" in page.text
     plain = await client.get("/api/runs", headers=h)  # the store pages this one itself
     assert plain.json()["searched_all"] is True
+
+
+async def test_failed_sign_ins_slow_the_next_down_without_locking_the_person_out(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    """After five wrong passwords for one name from one address, the next attempt is
+    refused (429, Retry-After) without checking the password, even a right one; other
+    names from that address are still checked, and once the pause is over (doubling
+    with each further failure) the right password signs in and clears the count."""
+    from replayable.web import throttle as throttle_module
+
+    state = client._transport.app.state.web  # type: ignore[attr-defined]
+    now = [1000.0]
+    state.throttle = throttle_module.LoginThrottle(clock=lambda: now[0])
+
+    async def attempt(name: str, password: str) -> httpx.Response:
+        page = await client.get("/login")
+        return await client.post(
+            "/login",
+            data={"name": name, "password": password, "csrf": _csrf(page.text), "next": "/runs"},
+        )
+
+    for _ in range(5):
+        assert (await attempt("ana", "guess")).status_code == 401
+    refused = await attempt("ana", "analyst-password")
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == "30"
+    assert "Too many failed sign-ins: try again in 30 s" in refused.text
+    # Someone else on the same address is checked as usual.
+    assert (await attempt("olu", "wrong")).status_code == 401
+    now[0] += 31
+    assert (await attempt("ana", "still wrong")).status_code == 401  # the sixth failure
+    assert (await attempt("ana", "analyst-password")).status_code == 429
+    assert (await attempt("ana", "x")).headers["Retry-After"] == "60"  # doubled
+    now[0] += 61
+    assert (await attempt("ana", "analyst-password")).status_code == 303
+    assert state.throttle.wait_s("127.0.0.1", "ana") == 0

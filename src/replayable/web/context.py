@@ -25,6 +25,7 @@ from replayable.events.model import Run
 from replayable.store import EventStore, open_store
 from replayable.web.auth import Principal, Session
 from replayable.web.config import WebConfig
+from replayable.web.throttle import LoginThrottle
 
 __all__ = ["ACTIONS", "Ctx", "StorePool", "WebState", "route"]
 
@@ -86,6 +87,8 @@ class WebState:
     templates: Jinja2Templates
     actions: dict[tuple[str, str], str] = field(default_factory=dict)
     jobs: Any = None
+    #: Failed sign-ins, and how long the next must wait (see ``web.throttle``).
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
 
 
 @dataclass

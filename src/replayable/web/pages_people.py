@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -69,10 +70,21 @@ def register(
         name, password = form.get("name"), form.get("password")
         target = _next(form.get("next") if isinstance(form.get("next"), str) else None)  # type: ignore[arg-type]
         account = None
+        address = request.client.host if request.client is not None else "?"
+        who = name.strip() if isinstance(name, str) else ""
+        throttle = state.throttle
+        wait = throttle.wait_s(address, who)
+        if wait > 0:
+            data = {"next": target, "failed": False, "wait": math.ceil(wait)}
+            refused = out(ctx, "login.html", data, 429)
+            refused.headers["Retry-After"] = str(math.ceil(wait))
+            return refused
         if isinstance(name, str) and isinstance(password, str):
-            account = config.users.check_password(name.strip(), password)
+            account = config.users.check_password(who, password)
         if account is None:
+            throttle.failed(address, who)
             return out(ctx, "login.html", {"next": target, "failed": True}, 401)
+        throttle.succeeded(address, who)
         # A new session (and CSRF token) at sign-in: no fixation of the anonymous one.
         request.state.session = new_session(account.name, config.session_hours)
         request.state.set_session = True
