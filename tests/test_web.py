@@ -926,3 +926,22 @@ async def test_failed_sign_ins_slow_the_next_down_without_locking_the_person_out
     now[0] += 61
     assert (await attempt("ana", "analyst-password")).status_code == 303
     assert state.throttle.wait_s("127.0.0.1", "ana") == 0
+
+
+def test_the_sign_in_throttle_forgets_old_failures_as_it_grows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Failures from many addresses do not grow the throttle without end: past its
+    prune size, entries whose last failure is out of the window are dropped."""
+    from replayable.web import throttle as throttle_module
+
+    monkeypatch.setattr(throttle_module, "_PRUNE_AT", 200)
+    now = [0.0]
+    t = throttle_module.LoginThrottle(clock=lambda: now[0])
+    for i in range(throttle_module._PRUNE_AT):
+        t.failed(f"10.0.{i // 256}.{i % 256}", "ana")
+    assert len(t._failures) >= throttle_module._PRUNE_AT
+    now[0] += throttle_module.WINDOW_S + 1
+    t.failed("192.0.2.1", "olu")
+    assert len(t._failures) == 2  # the new address and its name
+    assert t.wait_s("10.0.0.1", "ana") == 0

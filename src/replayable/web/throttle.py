@@ -26,6 +26,8 @@ FREE_PER_ADDRESS: Final = 20
 WINDOW_S: Final = 900.0
 BASE_S: Final = 30.0
 MAX_S: Final = 900.0
+#: Entries kept before those out of the window are dropped.
+_PRUNE_AT: Final = 10_000
 
 
 class LoginThrottle:
@@ -35,6 +37,7 @@ class LoginThrottle:
         self._clock = clock
         self._lock = threading.Lock()
         self._failures: dict[tuple[str, ...], list[float]] = {}
+        self._pruned_at = float("-inf")
 
     def _keys(self, address: str, name: str) -> tuple[tuple[tuple[str, ...], int], ...]:
         return (("name", address, name.lower()), FREE), (("address", address), FREE_PER_ADDRESS)
@@ -54,6 +57,13 @@ class LoginThrottle:
     def failed(self, address: str, name: str) -> None:
         now = self._clock()
         with self._lock:
+            if len(self._failures) >= _PRUNE_AT and now - self._pruned_at >= 60.0:
+                self._pruned_at = now
+                # Addresses and names no one has failed as lately: a guesser rotating
+                # them must not grow this without end.
+                self._failures = {
+                    k: v for k, v in self._failures.items() if v and now - v[-1] < WINDOW_S
+                }
             for key, _ in self._keys(address, name):
                 self._recent(key, now).append(now)
         log.warning("replayable web: failed sign-in as %r from %s", name, address)
