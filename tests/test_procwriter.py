@@ -912,11 +912,11 @@ def test_a_store_removed_after_its_recording_returns_stays_removed(tmp_path: Pat
         print("taken back" if channel.current_channel().runs == 0 else "sent", flush=True)
         shutil.rmtree({str(folder)!r})
         channel.current_channel().ready.wait(30)  # the writer process is up and has read it all
-        time.sleep(1.0)
+        time.sleep(0.5)
         print(sorted(os.listdir({str(tmp_path)!r})), flush=True)
     """)
     seen = set()
-    for _ in range(3):
+    for _ in range(2):
         done = subprocess.run(
             [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
         )
