@@ -242,3 +242,16 @@ def test_markdown_shows_recorded_text_as_text() -> None:
     rendered = MarkdownIt("commonmark").render(text)
     assert "<strong>b</strong>" not in rendered
     assert "evil.example" in rendered  # shown, as text
+
+
+def test_html_shows_reader_names_as_they_are() -> None:
+    """The HTML report escapes for HTML only: a reader named with a Markdown character
+    (``_``) reads as it is, with no backslash from the Markdown report's escaping."""
+    store = MemoryStore()
+    rid = _story(store)
+    AuditReader(store, Actor("dana_x", "analyst", "dana_x"), purpose="INC-1").events(rid)
+    page = to_html(build_report(AuditReader(store, AUDITOR), rid))
+    assert "dana_x (analyst) ×1" in page
+    assert "dana\\_x" not in page
+    text = to_markdown(build_report(AuditReader(store, AUDITOR), rid))
+    assert "dana\\_x (analyst) ×1" in text

@@ -23,7 +23,7 @@ from replayable.errors import (
     ConfigurationError,
     UnreadableRecordError,
 )
-from replayable.events.audit import AnomalyFlag, annotation_hash
+from replayable.events.audit import Annotation, AnomalyFlag, annotation_hash
 from replayable.events.chain import ChainKey
 from replayable.store import EventStore, MemoryStore
 from replayable.store.audit_base import stats_from
@@ -329,6 +329,25 @@ def test_sqlite_audit_tables_refuse_update_and_delete(tmp_path: Path, table: str
         conn.close()
 
 
+def _three_annotations_then(
+    tmp_path: Path, change: str
+) -> tuple[SQLiteStore, str, list[Annotation]]:
+    """A run with three annotations, ``change`` made to them behind the store's back;
+    the store opened again on it."""
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path)
+    rid = recorded(store)
+    made = [annotate_run(store, ANALYST, rid, verdict="violation", note=f"n{i}") for i in range(3)]
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TRIGGER annotations_no_update")
+    conn.execute("DROP TRIGGER annotations_no_delete")
+    conn.execute(change)
+    conn.commit()
+    conn.close()
+    return SQLiteStore(path), rid, made
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -341,18 +360,7 @@ def test_sqlite_audit_tables_refuse_update_and_delete(tmp_path: Path, table: str
 )
 def test_verify_names_a_tampered_annotation(tmp_path: Path, change: str, reason: str) -> None:
     """An annotation edited or removed behind the store's back is named by verify."""
-    path = tmp_path / "t.db"
-    store = SQLiteStore(path)
-    rid = recorded(store)
-    made = [annotate_run(store, ANALYST, rid, verdict="violation", note=f"n{i}") for i in range(3)]
-    store.close()
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TRIGGER annotations_no_update")
-    conn.execute("DROP TRIGGER annotations_no_delete")
-    conn.execute(change)
-    conn.commit()
-    conn.close()
-    store = SQLiteStore(path)
+    store, rid, made = _three_annotations_then(tmp_path, change)
     try:
         report = verify_annotations(store, rid)
         assert not report.ok
@@ -373,17 +381,9 @@ def test_an_unreadable_annotation_is_named_not_a_crash(
     JSON that does not parse) fails verify naming the annotation and the column; every
     reader of the run's annotations says the same instead of a TypeError or a decoder's
     error."""
-    path = tmp_path / "t.db"
-    store = SQLiteStore(path)
-    rid = recorded(store)
-    made = [annotate_run(store, ANALYST, rid, verdict="violation", note=f"n{i}") for i in range(3)]
-    store.close()
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TRIGGER annotations_no_update")
-    conn.execute(f"UPDATE annotations SET {column} = {value} WHERE chain_index = 1")
-    conn.commit()
-    conn.close()
-    store = SQLiteStore(path)
+    store, rid, made = _three_annotations_then(
+        tmp_path, f"UPDATE annotations SET {column} = {value} WHERE chain_index = 1"
+    )
     try:
         report = verify_annotations(store, rid)
         assert not report.ok

@@ -945,3 +945,6 @@ def test_the_sign_in_throttle_forgets_old_failures_as_it_grows(
     t.failed("192.0.2.1", "olu")
     assert len(t._failures) == 2  # the new address and its name
     assert t.wait_s("10.0.0.1", "ana") == 0
+    for i in range(50):  # asking, as every sign-in does first, keeps nothing
+        assert t.wait_s(f"198.51.100.{i}", f"name{i}") == 0
+    assert len(t._failures) == 2

@@ -74,9 +74,6 @@ def _md_code(text: Any) -> str:
     return f"{ticks}{pad}{value}{pad}{ticks}"
 
 
-_md_cell = _md_text
-
-
 def to_markdown(r: dict[str, Any]) -> str:
     """The report as Markdown."""
     run, chain, lin = r["run"], r["chain"], r["lineage"]
@@ -117,7 +114,7 @@ def to_markdown(r: dict[str, Any]) -> str:
     for e in r["timeline"]:
         marks = ", ".join(f"**{m}**" for m in e["marks"]) or ("error" if e["failed"] else "")
         out.append(
-            f"| {e['seq']} | {e['kind']} | {_md_cell(e['name'])} | {_when(e['started_at'])} | "
+            f"| {e['seq']} | {e['kind']} | {_md_text(e['name'])} | {_when(e['started_at'])} | "
             f"{e['duration_ms']:.1f} | {marks} |"
         )
     out += ["", "## Steps shown in full", ""]
@@ -318,7 +315,7 @@ def to_html(r: dict[str, Any]) -> str:
     if reason:
         parts.append(f'<p class="dim">Not available: {_e(reason)}</p>')
     else:
-        readers = ", ".join(f"{_md_text(k)} ×{v}" for k, v in log["readers"].items()) or "—"
+        readers = ", ".join(f"{k} ×{v}" for k, v in log["readers"].items()) or "—"
         parts.append(f"<p>{log['reads']} read(s) of this run by {_e(readers)}.</p>")
         parts.append(
             "<table><tr><th>when</th><th>who</th><th>via</th><th>what</th><th>purpose</th></tr>"

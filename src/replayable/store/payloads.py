@@ -129,18 +129,23 @@ def space(tenant: str | None, subject: str | None) -> str:
     """The key space a run's payloads are stored in: its tenant ('' for none), and its
     data subject when the recording names one (each subject has blobs and keys of its
     own, so erasing one subject's payloads leaves everyone else's readable)."""
-    tenant = tenant or ""
-    if _SUBJECT in tenant or tenant[:1] == _ESCAPED:
-        # Refused where tenants are named (see :func:`check_tenant`); a stored row with
-        # one still gets a space of its own, never another tenant's subject.
-        tenant = _ESCAPED + tenant.encode("utf-8", "surrogatepass").hex()
+    # The separators of a key space never come from a name's own text (one subject must
+    # not name another's epoch, nor a tenant another tenant's subject): such a name goes
+    # by its hex. Tenants holding one are refused where they are named (see
+    # :func:`check_tenant`); a stored row with one still gets a space of its own.
+    tenant = _plain(tenant or "", epochs=False)
     if not subject:
         return tenant
-    if _SUBJECT in subject or _EPOCH in subject or subject[0] == _ESCAPED:
-        # The separators of a key space never come from a subject's own text (one
-        # subject must not name another's epoch): such a subject goes by its hex.
-        subject = _ESCAPED + subject.encode("utf-8", "surrogatepass").hex()
-    return f"{tenant}{_SUBJECT}{subject}"
+    return f"{tenant}{_SUBJECT}{_plain(subject, epochs=True)}"
+
+
+def _plain(name: str, *, epochs: bool) -> str:
+    """``name`` as a part of a key space: as it is, or by its hex (after ``_ESCAPED``)
+    where it holds the subject separator (or, with ``epochs``, the epoch one) or starts
+    as an escaped name does."""
+    if _SUBJECT in name or name[:1] == _ESCAPED or (epochs and _EPOCH in name):
+        return _ESCAPED + name.encode("utf-8", "surrogatepass").hex()
+    return name
 
 
 def check_tenant(tenant: str | None, where: str) -> None:

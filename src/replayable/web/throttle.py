@@ -61,11 +61,9 @@ class LoginThrottle:
                 self._pruned_at = now
                 # Addresses and names no one has failed as lately: a guesser rotating
                 # them must not grow this without end.
-                self._failures = {
-                    k: v for k, v in self._failures.items() if v and now - v[-1] < WINDOW_S
-                }
+                self._failures = {k: v for k, v in self._failures.items() if now - v[-1] < WINDOW_S}
             for key, _ in self._keys(address, name):
-                self._recent(key, now).append(now)
+                self._failures[key] = [*self._recent(key, now), now]
         log.warning("replayable web: failed sign-in as %r from %s", name, address)
 
     def succeeded(self, address: str, name: str) -> None:
@@ -73,10 +71,11 @@ class LoginThrottle:
             self._failures.pop(("name", address, name.lower()), None)
 
     def _recent(self, key: tuple[str, ...], now: float) -> list[float]:
+        """``key``'s failures within the window (an entry with none left is dropped; a
+        check adds none, so asking about any name costs no memory)."""
         times = [t for t in self._failures.get(key, ()) if now - t < WINDOW_S]
         if times:
             self._failures[key] = times
         else:
             self._failures.pop(key, None)
-            times = self._failures.setdefault(key, [])
         return times
